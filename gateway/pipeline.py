@@ -1,0 +1,288 @@
+"""One request's hops, in order: resolve model -> tokenize once -> fit the context
+-> build engine requests -> run (whole or streamed).
+
+Later hops (prefix normalization, quota, routing, admission) slot in between
+`prepare_*` and `run_*` without the routes changing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine_adapter.base import (
+    EngineChunk,
+    EngineRequest,
+    SamplingOptions,
+    StructuredOutput,
+)
+from gateway.auth import Principal
+from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest
+from gateway.registry import ModelRegistry, ServedModel
+from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.settings import LimitSettings
+from policies import tokens
+from policies.context import ContextTooLong, OutputTooLong, plan_output
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request, tokenized once, ready for its engine."""
+
+    kind: Literal["chat", "completion"]
+    id: str
+    created: int
+    served: ServedModel
+    principal: Principal
+    prompts: tuple[tokens.Prompt, ...]
+    requests: tuple[EngineRequest, ...]  # one per prompt
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top-k to report, None when not requested
+    echo: bool = False
+
+
+def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise InvalidRequest(
+                        f"Content of type '{part.type}' is not supported by this model.",
+                        param=f"messages.{i}.content",
+                        code="unsupported_content",
+                    )
+                parts.append(part.text)
+            content = "".join(parts)
+        # Qwen templates know no "developer" role; OpenAI treats it as system.
+        role = "system" if m.role == "developer" else m.role
+        msg: dict[str, Any] = {"role": role, "content": content or ""}
+        if m.tool_calls:
+            msg["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _structured(req: SamplingFields) -> StructuredOutput | None:
+    rf = getattr(req, "response_format", None)
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return StructuredOutput(json_object=True)
+    assert rf.json_schema is not None and rf.json_schema.schema_ is not None
+    return StructuredOutput(json_schema=rf.json_schema.schema_)
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    try:
+        return {int(k): float(v) for k, v in raw.items()}
+    except ValueError:
+        raise InvalidRequest("logit_bias keys must be token ids.", param="logit_bias") from None
+
+
+def _sampling(
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+) -> SamplingOptions:
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        stop=req.stop_list,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        ignore_eos=req.ignore_eos,
+        min_tokens=min(req.min_tokens, max_tokens),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        logit_bias=_logit_bias(req.logit_bias),
+        structured=_structured(req),
+        skip_special_tokens=req.skip_special_tokens,
+    )
+
+
+def _budget(served: ServedModel, prompt: tokens.Prompt, requested: int | None, param: str) -> int:
+    plan = plan_output(
+        prompt_tokens=len(prompt),
+        requested=requested,
+        max_model_len=served.engine.max_model_len,
+        max_output_cap=served.settings.max_output_tokens,
+    )
+    if isinstance(plan, ContextTooLong):
+        raise ContextLengthExceeded(plan.message, param="messages" if param == "messages" else "prompt")
+    if isinstance(plan, OutputTooLong):
+        raise InvalidRequest(plan.message, param="max_tokens")
+    return plan.max_tokens
+
+
+def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
+    if req.n > limits.max_n:
+        raise InvalidRequest(f"n must be at most {limits.max_n}.", param="n")
+    if len(req.stop_list) > 16:
+        raise InvalidRequest("At most 16 stop sequences are allowed.", param="stop")
+
+
+async def prepare_chat(
+    req: ChatCompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
+) -> Job:
+    served = registry.resolve(req.model)
+    _check_common(req, limits)
+    messages = _messages_for_template(req.messages)
+    try:
+        # Tokenizing a long prompt takes milliseconds: keep the event loop free.
+        prompt = await asyncio.to_thread(
+            tokens.render_chat,
+            served.tokenizer,
+            messages,
+            tools=req.tools,
+            template_kwargs=req.chat_template_kwargs,
+        )
+    except Exception as e:  # template errors (jinja) are the request's fault
+        raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
+    max_tokens = _budget(served, prompt, req.requested_max_tokens, "messages")
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    job_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request = EngineRequest(
+        request_id=job_id,
+        prompt_token_ids=prompt.token_ids,
+        sampling=_sampling(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=None),
+    )
+    return Job(
+        kind="chat",
+        id=job_id,
+        created=int(time.time()),
+        served=served,
+        principal=principal,
+        prompts=(prompt,),
+        requests=(request,),
+        n=req.n,
+        stream=req.stream,
+        include_usage=req.include_usage,
+        logprobs=top,
+    )
+
+
+async def prepare_completion(
+    req: CompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
+) -> Job:
+    served = registry.resolve(req.model)
+    _check_common(req, limits)
+    vocab_size = len(served.tokenizer)
+    prompts = []
+    for p in req.prompts:
+        if isinstance(p, str):
+            prompts.append(await asyncio.to_thread(tokens.encode_text, served.tokenizer, p))
+        else:
+            if any(not 0 <= t < vocab_size for t in p):
+                raise InvalidRequest("Prompt token ids are out of the vocabulary.", param="prompt")
+            prompts.append(tokens.from_ids(served.tokenizer, p))
+    if any(len(p) == 0 for p in prompts):
+        raise InvalidRequest("Prompt must not be empty.", param="prompt")
+    job_id = f"cmpl-{uuid.uuid4().hex}"
+    lp = req.logprobs
+    requests = tuple(
+        EngineRequest(
+            request_id=f"{job_id}-{i}",
+            prompt_token_ids=p.token_ids,
+            sampling=_sampling(
+                req,
+                max_tokens=_budget(served, p, req.max_tokens, "prompt"),
+                logprobs=lp,
+                prompt_logprobs=lp if (req.echo and lp is not None) else None,
+            ),
+        )
+        for i, p in enumerate(prompts)
+    )
+    return Job(
+        kind="completion",
+        id=job_id,
+        created=int(time.time()),
+        served=served,
+        principal=principal,
+        prompts=tuple(prompts),
+        requests=requests,
+        n=req.n,
+        stream=req.stream,
+        include_usage=req.include_usage,
+        logprobs=lp,
+        echo=req.echo,
+    )
+
+
+async def _checked(stream: AsyncIterator[EngineChunk]) -> AsyncIterator[EngineChunk]:
+    async for chunk in stream:
+        for c in chunk.choices:
+            if c.finish_reason == "abort":
+                raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
+        yield chunk
+
+
+async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
+    """All of a job's engine streams, merged: (prompt index, chunk).
+
+    Closing this iterator cancels every engine stream, which aborts their
+    engine requests.
+    """
+    engine = job.served.engine
+    if len(job.requests) == 1:
+        async for chunk in _checked(engine.generate(job.requests[0])):
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
+
+    async def pump(i: int, request: EngineRequest) -> None:
+        try:
+            async for chunk in _checked(engine.generate(request)):
+                await queue.put((i, chunk))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surfaced to the consumer below
+            await queue.put(e)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(job.requests)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def abort(job: Job) -> None:
+    """Abort every engine request of the job (finished ones are ignored)."""
+    for r in job.requests:
+        await job.served.engine.abort(r.request_id)

@@ -1,0 +1,163 @@
+"""Engine output -> OpenAI response bodies (chat and completions, whole and chunked).
+
+`ChoiceState` accumulates one choice across engine chunks; the builders turn
+states into the exact JSON shapes OpenAI clients parse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_adapter.base import ChoiceDelta, TokenLogprob
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob], top_k: int) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": _bytes(lp.token),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": _bytes(t)} for _, t, v in lp.top[:top_k]
+                ],
+            }
+            for lp in lps
+        ],
+        "refusal": None,
+    }
+
+
+@dataclass
+class CompletionLogprobs:
+    """Legacy completions logprobs, with text offsets running across chunks."""
+
+    top_k: int
+    offset: int = 0
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def add(self, lps: tuple[TokenLogprob | None, ...] | list[TokenLogprob | None], tokens: list[str]) -> None:
+        for lp, text in zip(lps, tokens, strict=True):
+            self.tokens.append(text)
+            self.text_offset.append(self.offset)
+            self.offset += len(text)
+            if lp is None:
+                self.token_logprobs.append(None)
+                self.top_logprobs.append(None)
+            else:
+                self.token_logprobs.append(lp.logprob)
+                self.top_logprobs.append({t: v for _, t, v in lp.top[: self.top_k]})
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        }
+
+    def take(self) -> dict[str, Any]:
+        """The entries added since the last take (for streaming), then reset them."""
+        body = self.body()
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        return body
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def add(self, d: ChoiceDelta) -> None:
+        self.text += d.text
+        self.completion_tokens += len(d.token_ids)
+        if d.logprobs:
+            self.logprobs.extend(d.logprobs)
+        if d.finish_reason is not None:
+            self.finish_reason = d.finish_reason
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def chat_completion(
+    *, id: str, created: int, model: str, choices: list[ChoiceState], usage: Usage, top_logprobs: int | None
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "logprobs": chat_logprobs(c.logprobs, top_logprobs) if top_logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": usage.body(),
+        "system_fingerprint": None,
+    }
+
+
+def chat_chunk(
+    *, id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None = None,
+    with_usage_field: bool = False,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+    }
+    if usage is not None:
+        body["usage"] = usage.body()
+    elif with_usage_field:
+        body["usage"] = None
+    return body
+
+
+def completion(
+    *, id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None,
+    with_usage_field: bool = True, object_name: str = "text_completion",
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": id,
+        "object": object_name,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+    }
+    if usage is not None:
+        body["usage"] = usage.body()
+    elif with_usage_field:
+        body["usage"] = None
+    return body

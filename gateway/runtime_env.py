@@ -1,0 +1,30 @@
+"""Keep every cache vLLM, torch and Hugging Face write inside one directory,
+and never reach for a hub: set before vllm is imported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def configure(cache_dir: str | Path) -> None:
+    root = Path(cache_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "VLLM_CACHE_ROOT": root / "vllm",
+        "VLLM_RPC_BASE_PATH": root / "rpc",
+        "TORCHINDUCTOR_CACHE_DIR": root / "inductor",
+        "TRITON_CACHE_DIR": root / "triton",
+        "TIKTOKEN_CACHE_DIR": root / "tiktoken",
+        "HF_HOME": root / "hf",
+        "XDG_CACHE_HOME": root / "xdg",
+    }
+    for key, path in defaults.items():
+        if key not in os.environ:
+            path.mkdir(parents=True, exist_ok=True)
+            os.environ[key] = str(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

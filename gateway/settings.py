@@ -1,0 +1,158 @@
+"""Configuration: config/*.yaml validated once into these models, env overrides on top.
+
+Environment variables override YAML: `SPARKGATE_SERVER__PORT=9000`,
+`SPARKGATE_AUTH__REQUIRED=false`, ... (nested keys joined by `__`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | str) -> int:
+    """`64MiB`, `2 GiB`, `500MB`, `1048576` -> bytes."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 64MiB, 2GiB, 1048576)")
+    number, unit = float(m.group(1)), (m.group(2) or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = 0 if unit in ("", "b") else "kmgt".index(unit[0]) + 1
+    return int(number * base**power)
+
+
+def hash_key(key: str) -> str:
+    """The form API keys are stored in: sha256 hex of the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Model):
+    host: str = DEFAULT_HOST
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Where vLLM, torch and HF write caches; kept inside the tree by default.
+    cache_dir: str = ".cache"
+
+
+class ApiKey(_Model):
+    name: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class AuthSettings(_Model):
+    required: bool = True
+    keys: tuple[ApiKey, ...] = ()
+
+    @model_validator(mode="after")
+    def _keys_when_required(self) -> AuthSettings:
+        if self.required and not self.keys:
+            raise ValueError("auth.required is true but auth.keys is empty")
+        return self
+
+
+class ModelSettings(_Model):
+    """One served model: where it lives and how its engine runs."""
+
+    name: str
+    path: str
+    aliases: tuple[str, ...] = ()
+    engine: Literal["vllm"] = "vllm"
+    tokenizer: str | None = None
+    dtype: str = "bfloat16"
+    max_model_len: int = Field(4096, ge=16)
+    max_num_seqs: int = Field(8, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    max_output_tokens: int | None = Field(None, ge=1)
+    kv_cache_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    load_format: Literal["auto", "safetensors", "dummy"] = "auto"
+    seed: int = 0
+    cpu_cores: str | None = None
+    # "compact": structured JSON output without free whitespace (see StructuredOutput).
+    json_whitespace: Literal["compact", "any"] = "compact"
+    # Passed verbatim to vLLM's AsyncEngineArgs (names differ across versions).
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kv_cache_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_bytes(v)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+class LimitSettings(_Model):
+    max_n: int = Field(8, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPARKGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    server: ServerSettings = ServerSettings()
+    auth: AuthSettings = AuthSettings(required=False)
+    models: tuple[ModelSettings, ...]
+    limits: LimitSettings = LimitSettings()
+    # Relative model paths resolve against this (the config file's project root).
+    base_dir: str = "."
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)  # env beats YAML
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Settings:
+        if not self.models:
+            raise ValueError("models: at least one model is required")
+        seen: dict[str, str] = {}
+        for m in self.models:
+            for n in m.names:
+                if n in seen:
+                    raise ValueError(f"model name {n!r} is used by both {seen[n]!r} and {m.name!r}")
+                seen[n] = m.name
+        return self
+
+    def model_path(self, model: ModelSettings) -> Path:
+        p = Path(model.path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+def load_settings(path: str | Path, **overrides: Any) -> Settings:
+    """Read a YAML config; relative paths in it resolve against the project root
+    (the config file's parent's parent when it sits in `config/`)."""
+    p = Path(path).resolve()
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a mapping at the top level")
+    root = p.parent.parent if p.parent.name == "config" else p.parent
+    data.setdefault("base_dir", str(root))
+    data.update(overrides)
+    return Settings(**data)

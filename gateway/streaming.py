@@ -1,0 +1,181 @@
+"""Run a job to completion (one JSON body) or as OpenAI server-sent events.
+
+Streams: `data: {chunk}\\n\\n` lines, a usage-only final chunk when
+`stream_options.include_usage` is set, then `data: [DONE]`. An error after
+the stream started is sent as an `error` event (the status line is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine_adapter.base import EngineChunk
+from gateway import responses
+from gateway.errors import from_exception
+from gateway.pipeline import Job, run
+from gateway.responses import ChoiceState, CompletionLogprobs, Usage
+
+log = logging.getLogger(__name__)
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+class _Accounting:
+    """Usage across a job's prompts (prompt tokens once per prompt, not per
+    choice), and what an echo needs: the prompt's logprobs arrive once per
+    prompt, while each of its n choices echoes them."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.cached = [0] * len(job.prompts)
+        self.prompt_logprobs: list[tuple[Any, ...] | None] = [None] * len(job.prompts)
+        self.usage = Usage(prompt_tokens=sum(len(p) for p in job.prompts))
+
+    def observe(self, prompt_index: int, chunk: EngineChunk) -> None:
+        self.cached[prompt_index] = max(self.cached[prompt_index], chunk.num_cached_tokens)
+        self.usage.completion_tokens += sum(len(c.token_ids) for c in chunk.choices)
+        self.usage.cached_tokens = sum(self.cached)
+        if chunk.prompt_logprobs and self.prompt_logprobs[prompt_index] is None:
+            self.prompt_logprobs[prompt_index] = chunk.prompt_logprobs
+
+    def echo(self, prompt_index: int, chunk: EngineChunk, lp: CompletionLogprobs) -> str:
+        """The prompt text to prepend; adds the prompt's logprobs to `lp`."""
+        prompt = self.job.prompts[prompt_index]
+        if self.job.logprobs is not None:
+            lps = self.prompt_logprobs[prompt_index] or (None,) * len(prompt)
+            tok = self.job.served.tokenizer
+            texts = [tok.decode([t], skip_special_tokens=False) for t in prompt.token_ids]
+            lp.add(list(lps), texts)
+        return prompt.text
+
+
+def _choice_index(job: Job, prompt_index: int, index: int) -> int:
+    return prompt_index * job.n + index
+
+
+def _token_texts(job: Job, token_lps: Any) -> list[str]:
+    return [lp.token if lp is not None else "" for lp in token_lps]
+
+
+async def complete(job: Job) -> dict[str, Any]:
+    """Run a job and build the whole (non-streaming) response body."""
+    acct = _Accounting(job)
+    states: dict[int, ChoiceState] = {}
+    legacy: dict[int, CompletionLogprobs] = {}
+    echoed: set[int] = set()
+    async for i, chunk in run(job):
+        acct.observe(i, chunk)
+        for c in chunk.choices:
+            idx = _choice_index(job, i, c.index)
+            state = states.setdefault(idx, ChoiceState(index=idx))
+            if job.kind == "completion" and job.echo and idx not in echoed:
+                echoed.add(idx)
+                state.text = acct.echo(i, chunk, legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0)))
+            state.add(c)
+            if job.kind == "completion" and job.logprobs is not None and c.logprobs:
+                legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0)).add(
+                    list(c.logprobs), _token_texts(job, c.logprobs)
+                )
+    choices = [states[k] for k in sorted(states)]
+    model = job.served.name
+    if job.kind == "chat":
+        return responses.chat_completion(
+            id=job.id, created=job.created, model=model, choices=choices, usage=acct.usage,
+            top_logprobs=job.logprobs,
+        )
+    return responses.completion(
+        id=job.id,
+        created=job.created,
+        model=model,
+        choices=[
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": legacy.get(c.index, CompletionLogprobs(0)).body() if job.logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        usage=acct.usage,
+    )
+
+
+async def stream(job: Job) -> AsyncIterator[str]:
+    """The job as SSE lines. Closing this generator aborts the engine requests."""
+    acct = _Accounting(job)
+    model = job.served.name
+    started: set[int] = set()
+    legacy: dict[int, CompletionLogprobs] = {}
+    try:
+        async for i, chunk in run(job):
+            acct.observe(i, chunk)
+            out: list[dict[str, Any]] = []
+            for c in chunk.choices:
+                idx = _choice_index(job, i, c.index)
+                if job.kind == "chat":
+                    if idx not in started:
+                        started.add(idx)
+                        yield sse(responses.chat_chunk(
+                            id=job.id, created=job.created, model=model,
+                            choices=[{"index": idx, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}],
+                            with_usage_field=job.include_usage,
+                        ))
+                    if not c.text and c.finish_reason is None and not c.logprobs:
+                        continue
+                    out.append({
+                        "index": idx,
+                        "delta": {"content": c.text} if c.text else {},
+                        "logprobs": responses.chat_logprobs(c.logprobs or (), job.logprobs)
+                        if job.logprobs is not None else None,
+                        "finish_reason": c.finish_reason,
+                    })
+                else:
+                    text = c.text
+                    lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
+                    if idx not in started:
+                        started.add(idx)
+                        if job.echo:
+                            text = acct.echo(i, chunk, lp) + text
+                    if job.logprobs is not None and c.logprobs:
+                        lp.add(list(c.logprobs), _token_texts(job, c.logprobs))
+                    if not text and c.finish_reason is None:
+                        continue
+                    out.append({
+                        "index": idx,
+                        "text": text,
+                        "logprobs": lp.take() if job.logprobs is not None else None,
+                        "finish_reason": c.finish_reason,
+                    })
+            if not out:
+                continue
+            if job.kind == "chat":
+                yield sse(responses.chat_chunk(
+                    id=job.id, created=job.created, model=model, choices=out,
+                    with_usage_field=job.include_usage,
+                ))
+            else:
+                yield sse(responses.completion(
+                    id=job.id, created=job.created, model=model, choices=out, usage=None,
+                    with_usage_field=job.include_usage,
+                ))
+        if job.include_usage:
+            if job.kind == "chat":
+                yield sse(responses.chat_chunk(
+                    id=job.id, created=job.created, model=model, choices=[], usage=acct.usage
+                ))
+            else:
+                yield sse(responses.completion(
+                    id=job.id, created=job.created, model=model, choices=[], usage=acct.usage
+                ))
+    except Exception as exc:  # the status line is sent: report in-band
+        err = from_exception(exc)
+        log.warning("stream %s failed: %s", job.id, err.message)
+        yield sse(err.body())
+    yield sse("[DONE]")

@@ -1,0 +1,74 @@
+"""A client that goes away aborts its engine request: nothing keeps generating.
+
+Evidence that cannot pass by luck: the engine's generated-token counter grows
+by far less than the request's max_tokens, and the engine (scheduler and
+frontend) is idle within seconds of the disconnect.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import API_KEY, DENSE, Server
+
+MAX_TOKENS = 3500
+LONG = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 1.0}
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def engine(server: Server) -> dict:  # type: ignore[type-arg]
+    return server.stats()["engines"][DENSE]  # type: ignore[no-any-return]
+
+
+def wait_idle(server: Server, timeout: float = 10.0) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while True:
+        s = engine(server)
+        if s["stats"]["unfinished"] == 0 and s["stats"]["running"] == 0 and s["inflight"] == 0:
+            return s
+        if time.monotonic() > deadline:
+            pytest.fail(f"engine still busy {timeout}s after the client left: {s}")
+        time.sleep(0.1)
+
+
+def test_full_request_generates_max_tokens(server: Server) -> None:
+    """Control for the tests below: the same request, not abandoned, runs to the end."""
+    before = wait_idle(server)["stats"]["generation_tokens"]
+    body = {"model": DENSE, "messages": [{"role": "user", "content": "go"}], **LONG, "max_tokens": 300}
+    r = httpx.post(f"{server.api}/chat/completions", json=body, headers=HEADERS, timeout=120)
+    assert r.json()["usage"]["completion_tokens"] == 300
+    assert wait_idle(server)["stats"]["generation_tokens"] - before == 300
+
+
+def test_stream_disconnect_aborts_engine_request(server: Server) -> None:
+    s0 = wait_idle(server)
+    disconnects = server.stats()["client_disconnects"]
+    body = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], "stream": True, **LONG}
+    with httpx.Client(timeout=30) as http, http.stream(
+        "POST", f"{server.api}/chat/completions", json=body, headers=HEADERS
+    ) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+    s1 = wait_idle(server)
+    generated = s1["stats"]["generation_tokens"] - s0["stats"]["generation_tokens"]
+    assert 0 < generated < MAX_TOKENS // 2
+    assert server.stats()["client_disconnects"] == disconnects + 1
+
+
+def test_non_streaming_disconnect_aborts_engine_request(server: Server) -> None:
+    s0 = wait_idle(server)
+    body = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], **LONG}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.api}/chat/completions", json=body, headers=HEADERS, timeout=httpx.Timeout(0.5))
+    s1 = wait_idle(server)
+    generated = s1["stats"]["generation_tokens"] - s0["stats"]["generation_tokens"]
+    assert generated < MAX_TOKENS // 2
+
+
+def test_no_preemptions(server: Server) -> None:
+    assert engine(server)["stats"]["preemptions"] == 0

@@ -1,0 +1,129 @@
+"""Every client error is an OpenAI error object with the right status, type and code."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, Server
+
+
+def assert_error(exc: openai.APIStatusError, status: int, code: str | None, type_: str = "invalid_request_error") -> None:
+    assert exc.status_code == status
+    body = exc.response.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == type_
+    assert err["code"] == code
+    assert err["message"] and "Traceback" not in err["message"]
+
+
+def test_missing_key_is_401(server: Server) -> None:
+    # The SDK refuses to send without a key, so plain HTTP here.
+    r = httpx.post(f"{server.api}/chat/completions", json={"model": DENSE, "messages": MESSAGES_SHORT})
+    assert r.status_code == 401
+    assert r.json()["error"] == {
+        "message": r.json()["error"]["message"],
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "missing_api_key",
+    }
+    r = httpx.get(f"{server.api}/models", headers={"Authorization": "Basic abc"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_wrong_key_is_401(server: Server) -> None:
+    c = openai.OpenAI(base_url=server.api, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        c.chat.completions.create(model=DENSE, messages=MESSAGES_SHORT, max_tokens=1)
+    assert_error(e.value, 401, "invalid_api_key")
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-17", messages=MESSAGES_SHORT, max_tokens=1)
+    assert_error(e.value, 404, "model_not_found")
+    assert e.value.response.json()["error"]["param"] == "model"
+
+
+def test_prompt_too_long_is_400_context_length_exceeded(client: openai.OpenAI) -> None:
+    long = "word " * 5000  # > 4096 tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DENSE, messages=[{"role": "user", "content": long}])
+    assert_error(e.value, 400, "context_length_exceeded")
+
+
+def test_prompt_plus_max_tokens_too_long(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=DENSE, prompt="hello", max_tokens=4096)
+    assert_error(e.value, 400, "context_length_exceeded")
+    assert "4096" in e.value.response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ],
+)
+def test_schema_errors_are_400_not_422(client: openai.OpenAI, kwargs: dict, param: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DENSE, messages=MESSAGES_SHORT, **kwargs)
+    assert_error(e.value, 400, "invalid_value")
+    assert e.value.response.json()["error"]["param"] == param
+
+
+def test_n_above_the_configured_cap(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DENSE, messages=MESSAGES_SHORT, n=5, max_tokens=1)
+    assert_error(e.value, 400, "invalid_value")
+
+
+def test_missing_messages(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DENSE, messages=[])
+    assert_error(e.value, 400, "invalid_value")
+
+
+def test_bad_role_and_unsupported_content(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=DENSE, messages=[{"role": "wizard", "content": "hi"}])  # type: ignore[misc,list-item]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=DENSE,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        )
+    assert_error(e.value, 400, "unsupported_content")
+
+
+def test_out_of_vocabulary_token_ids(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=DENSE, prompt=[1, 2, 10_000_000], max_tokens=1)
+    assert_error(e.value, 400, "invalid_value")
+
+
+def test_raw_http_errors(server: Server) -> None:
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    r = httpx.post(f"{server.api}/chat/completions", content=b"{not json", headers=h)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(f"{server.api}/chat/completions", json={"messages": MESSAGES_SHORT}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter"
+    assert r.json()["error"]["param"] == "model"
+    r = httpx.get(f"{server.base_url}/v1/nothing-here", headers=h)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(f"{server.api}/chat/completions", headers=h)
+    assert r.status_code == 405 and "error" in r.json()
+    r = httpx.post(f"{server.api}/chat/completions", json=[1, 2], headers=h)
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_health_needs_no_key(server: Server) -> None:
+    r = httpx.get(f"{server.base_url}/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"

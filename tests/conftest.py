@@ -1,0 +1,143 @@
+"""Shared fixtures: one real sparkgate server (two real vLLM CPU engines) per session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+API_KEY = "sk-test-key"
+OTHER_KEY = "sk-test-other"
+DENSE = "tiny-dense"
+MOE = "tiny-moe"
+STARTUP_TIMEOUT_S = 420
+MESSAGES_SHORT = [{"role": "user", "content": "hi"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def api(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def stats(self) -> dict:  # type: ignore[type-arg]
+        r = httpx.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {API_KEY}"})
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+
+def test_config(tmp: Path, port: int) -> Path:
+    from gateway.settings import hash_key
+
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "auth": {
+            "required": True,
+            "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}, {"name": "other", "sha256": hash_key(OTHER_KEY)}],
+        },
+        "models": [
+            {
+                "name": DENSE,
+                "aliases": ["dense-alias"],
+                "path": str(MODELS / "tiny-qwen3"),
+                "max_model_len": 4096,
+                "max_num_seqs": 8,
+                "kv_cache_bytes": "64MiB",
+                "cpu_cores": "0",
+            },
+            {
+                "name": MOE,
+                "path": str(MODELS / "tiny-qwen3-moe"),
+                "load_format": "dummy",
+                "max_model_len": 2048,
+                "max_num_seqs": 4,
+                "kv_cache_bytes": "32MiB",
+                "cpu_cores": "1" if (os.cpu_count() or 1) > 1 else "0",
+            },
+        ],
+        "limits": {"max_n": 4},
+    }
+    path = tmp / "sparkgate-test.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("server")
+    port = free_port()
+    config = test_config(tmp, port)
+    log_path = tmp / "server.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
+        time.sleep(1)
+    yield Server(base_url=base, log_path=log_path, proc=proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+    if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
+        print(log_path.read_text()[-3000:])
+
+
+@pytest.fixture(scope="session")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def aclient(server: Server) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():  # type: ignore[no-untyped-def]
+    """An independent tokenizer (transformers, not the server's) to check counts."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(MODELS / "tiny-qwen3"))
