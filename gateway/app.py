@@ -14,7 +14,7 @@ from gateway import errors
 from gateway.auth import KeyRing
 from gateway.deps import AppState, Counters
 from gateway.registry import ModelRegistry, ServedModel
-from gateway.routes import ops, openai
+from gateway.routes import openai, ops
 from gateway.settings import ModelSettings, Settings
 
 log = logging.getLogger(__name__)

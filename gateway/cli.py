@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="sparkgate: OpenAI-compatible gateway over in-process vLLM.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="sparkgate: OpenAI-compatible gateway over in-process vLLM."
+)
 
 DEFAULT_CONFIG = "config/default.yaml"
 
@@ -26,9 +28,7 @@ def serve(
     from gateway.settings import load_settings
 
     settings = load_settings(config)
-    server = settings.server.model_copy(
-        update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    )
+    server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from gateway.app import create_app

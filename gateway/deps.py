@@ -36,9 +36,7 @@ def get_state(request: Request) -> AppState:
     return state
 
 
-def get_principal(
-    request: Request, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
+def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     return get_state(request).keys.authenticate(authorization)
 
 

@@ -49,9 +49,7 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        }
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class InvalidRequest(GatewayError):

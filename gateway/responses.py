@@ -23,9 +23,7 @@ def chat_logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob], top_k: int
                 "token": lp.token,
                 "logprob": lp.logprob,
                 "bytes": _bytes(lp.token),
-                "top_logprobs": [
-                    {"token": t, "logprob": v, "bytes": _bytes(t)} for _, t, v in lp.top[:top_k]
-                ],
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": _bytes(t)} for _, t, v in lp.top[:top_k]],
             }
             for lp in lps
         ],
@@ -126,7 +124,12 @@ def chat_completion(
 
 
 def chat_chunk(
-    *, id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None = None,
+    *,
+    id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: Usage | None = None,
     with_usage_field: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -145,8 +148,14 @@ def chat_chunk(
 
 
 def completion(
-    *, id: str, created: int, model: str, choices: list[dict[str, Any]], usage: Usage | None,
-    with_usage_field: bool = True, object_name: str = "text_completion",
+    *,
+    id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: Usage | None,
+    with_usage_field: bool = True,
+    object_name: str = "text_completion",
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": id,

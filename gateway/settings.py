@@ -106,9 +106,7 @@ class LimitSettings(_Model):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SPARKGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="SPARKGATE_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings(required=False)

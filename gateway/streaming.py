@@ -86,7 +86,11 @@ async def complete(job: Job) -> dict[str, Any]:
     model = job.served.name
     if job.kind == "chat":
         return responses.chat_completion(
-            id=job.id, created=job.created, model=model, choices=choices, usage=acct.usage,
+            id=job.id,
+            created=job.created,
+            model=model,
+            choices=choices,
+            usage=acct.usage,
             top_logprobs=job.logprobs,
         )
     return responses.completion(
@@ -121,21 +125,34 @@ async def stream(job: Job) -> AsyncIterator[str]:
                 if job.kind == "chat":
                     if idx not in started:
                         started.add(idx)
-                        yield sse(responses.chat_chunk(
-                            id=job.id, created=job.created, model=model,
-                            choices=[{"index": idx, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}],
-                            with_usage_field=job.include_usage,
-                        ))
+                        yield sse(
+                            responses.chat_chunk(
+                                id=job.id,
+                                created=job.created,
+                                model=model,
+                                choices=[
+                                    {
+                                        "index": idx,
+                                        "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None,
+                                        "finish_reason": None,
+                                    }
+                                ],
+                                with_usage_field=job.include_usage,
+                            )
+                        )
                     if not c.text and c.finish_reason is None and not c.logprobs:
                         continue
-                    out.append({
-                        "index": idx,
-                        "delta": {"content": c.text} if c.text else {},
-                        "logprobs": responses.chat_logprobs(c.logprobs or (), job.logprobs)
-                        if job.logprobs is not None else None,
-                        "finish_reason": c.finish_reason,
-                    })
+                    out.append(
+                        {
+                            "index": idx,
+                            "delta": {"content": c.text} if c.text else {},
+                            "logprobs": responses.chat_logprobs(c.logprobs or (), job.logprobs)
+                            if job.logprobs is not None
+                            else None,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
                 else:
                     text = c.text
                     lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
@@ -147,33 +164,46 @@ async def stream(job: Job) -> AsyncIterator[str]:
                         lp.add(list(c.logprobs), _token_texts(job, c.logprobs))
                     if not text and c.finish_reason is None:
                         continue
-                    out.append({
-                        "index": idx,
-                        "text": text,
-                        "logprobs": lp.take() if job.logprobs is not None else None,
-                        "finish_reason": c.finish_reason,
-                    })
+                    out.append(
+                        {
+                            "index": idx,
+                            "text": text,
+                            "logprobs": lp.take() if job.logprobs is not None else None,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
             if not out:
                 continue
             if job.kind == "chat":
-                yield sse(responses.chat_chunk(
-                    id=job.id, created=job.created, model=model, choices=out,
-                    with_usage_field=job.include_usage,
-                ))
+                yield sse(
+                    responses.chat_chunk(
+                        id=job.id,
+                        created=job.created,
+                        model=model,
+                        choices=out,
+                        with_usage_field=job.include_usage,
+                    )
+                )
             else:
-                yield sse(responses.completion(
-                    id=job.id, created=job.created, model=model, choices=out, usage=None,
-                    with_usage_field=job.include_usage,
-                ))
+                yield sse(
+                    responses.completion(
+                        id=job.id,
+                        created=job.created,
+                        model=model,
+                        choices=out,
+                        usage=None,
+                        with_usage_field=job.include_usage,
+                    )
+                )
         if job.include_usage:
             if job.kind == "chat":
-                yield sse(responses.chat_chunk(
-                    id=job.id, created=job.created, model=model, choices=[], usage=acct.usage
-                ))
+                yield sse(
+                    responses.chat_chunk(id=job.id, created=job.created, model=model, choices=[], usage=acct.usage)
+                )
             else:
-                yield sse(responses.completion(
-                    id=job.id, created=job.created, model=model, choices=[], usage=acct.usage
-                ))
+                yield sse(
+                    responses.completion(id=job.id, created=job.created, model=model, choices=[], usage=acct.usage)
+                )
     except Exception as exc:  # the status line is sent: report in-band
         err = from_exception(exc)
         log.warning("stream %s failed: %s", job.id, err.message)

@@ -44,10 +44,7 @@ class OutputTooLong:
 
     @property
     def message(self) -> str:
-        return (
-            f"max_tokens is too large: {self.requested}. This model supports at most "
-            f"{self.cap} completion tokens."
-        )
+        return f"max_tokens is too large: {self.requested}. This model supports at most {self.cap} completion tokens."
 
 
 def plan_output(

@@ -180,7 +180,10 @@ def test_content_parts_and_developer_role(client: openai.OpenAI, hf_tokenizer) -
         model=DENSE,
         messages=[
             {"role": "developer", "content": "You are terse."},
-            {"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}],
+            },
         ],
         max_tokens=2,
     )

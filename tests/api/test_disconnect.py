@@ -47,9 +47,10 @@ def test_stream_disconnect_aborts_engine_request(server: Server) -> None:
     s0 = wait_idle(server)
     disconnects = server.stats()["client_disconnects"]
     body = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], "stream": True, **LONG}
-    with httpx.Client(timeout=30) as http, http.stream(
-        "POST", f"{server.api}/chat/completions", json=body, headers=HEADERS
-    ) as r:
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", f"{server.api}/chat/completions", json=body, headers=HEADERS) as r,
+    ):
         assert r.status_code == 200
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]

@@ -9,7 +9,9 @@ import pytest
 from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, Server
 
 
-def assert_error(exc: openai.APIStatusError, status: int, code: str | None, type_: str = "invalid_request_error") -> None:
+def assert_error(
+    exc: openai.APIStatusError, status: int, code: str | None, type_: str = "invalid_request_error"
+) -> None:
     assert exc.status_code == status
     body = exc.response.json()
     assert set(body) == {"error"}

@@ -1,0 +1,10 @@
+# CPU image of sparkgate with the embedded default model (no GPU, no downloads at run time).
+# On a DGX Spark, build FROM an NVIDIA vLLM image instead and install ".[cuda]".
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ libnuma1 && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY . .
+RUN make setup models
+ENV SPARKGATE_SERVER__HOST=0.0.0.0
+EXPOSE 8000
+CMD [".venv/bin/sparkgate", "serve", "--config", "config/default.yaml"]
