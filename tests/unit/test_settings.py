@@ -56,5 +56,5 @@ def test_unknown_keys_rejected() -> None:
 
 
 def test_auth_required_needs_keys() -> None:
-    with pytest.raises(ValidationError, match="auth.keys is empty"):
+    with pytest.raises(ValidationError, match=r"auth\.keys is empty"):
         Settings(models=(ModelSettings(name="a", path="x"),), auth={"required": True})  # type: ignore[arg-type]
