@@ -27,7 +27,19 @@ def serve(
     from gateway import runtime_env
     from gateway.settings import load_settings
 
-    settings = load_settings(config)
+    try:
+        settings = load_settings(config)
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
+        raise typer.Exit(2) from None
+    if missing := settings.missing_model_dirs():
+        lines = "\n  ".join(missing)
+        typer.echo(
+            f"sparkgate: cannot serve:\n  {lines}\n"
+            "Build the embedded default models with `make models`, or point `path` at a model directory.",
+            err=True,
+        )
+        raise typer.Exit(2)
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

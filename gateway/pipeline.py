@@ -133,7 +133,7 @@ def _budget(served: ServedModel, prompt: tokens.Prompt, requested: int | None, p
         max_output_cap=served.settings.max_output_tokens,
     )
     if isinstance(plan, ContextTooLong):
-        raise ContextLengthExceeded(plan.message, param="messages" if param == "messages" else "prompt")
+        raise ContextLengthExceeded(plan.message, param=param)
     if isinstance(plan, OutputTooLong):
         raise InvalidRequest(plan.message, param="max_tokens")
     return plan.max_tokens

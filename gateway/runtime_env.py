@@ -19,10 +19,11 @@ def configure(cache_dir: str | Path) -> None:
         "HF_HOME": root / "hf",
         "XDG_CACHE_HOME": root / "xdg",
     }
-    for key, path in defaults.items():
-        if key not in os.environ:
-            path.mkdir(parents=True, exist_ok=True)
-            os.environ[key] = str(path)
+    for key, default in defaults.items():
+        # A directory given in the environment must exist too (vLLM's IPC path does not create it).
+        path = Path(os.environ.get(key) or default)
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[key] = str(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

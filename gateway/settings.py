@@ -138,6 +138,14 @@ class Settings(BaseSettings):
                 seen[n] = m.name
         return self
 
+    def missing_model_dirs(self) -> list[str]:
+        """Models whose directory has no config.json, as readable lines."""
+        return [
+            f"model {m.name!r}: {self.model_path(m)} has no config.json"
+            for m in self.models
+            if not (self.model_path(m) / "config.json").is_file()
+        ]
+
     def model_path(self, model: ModelSettings) -> Path:
         p = Path(model.path)
         return p if p.is_absolute() else Path(self.base_dir) / p

@@ -59,7 +59,7 @@ def _choice_index(job: Job, prompt_index: int, index: int) -> int:
     return prompt_index * job.n + index
 
 
-def _token_texts(job: Job, token_lps: Any) -> list[str]:
+def _token_texts(token_lps: Any) -> list[str]:
     return [lp.token if lp is not None else "" for lp in token_lps]
 
 
@@ -80,7 +80,7 @@ async def complete(job: Job) -> dict[str, Any]:
             state.add(c)
             if job.kind == "completion" and job.logprobs is not None and c.logprobs:
                 legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0)).add(
-                    list(c.logprobs), _token_texts(job, c.logprobs)
+                    list(c.logprobs), _token_texts(c.logprobs)
                 )
     choices = [states[k] for k in sorted(states)]
     model = job.served.name
@@ -161,7 +161,7 @@ async def stream(job: Job) -> AsyncIterator[str]:
                         if job.echo:
                             text = acct.echo(i, chunk, lp) + text
                     if job.logprobs is not None and c.logprobs:
-                        lp.add(list(c.logprobs), _token_texts(job, c.logprobs))
+                        lp.add(list(c.logprobs), _token_texts(c.logprobs))
                     if not text and c.finish_reason is None:
                         continue
                     out.append(

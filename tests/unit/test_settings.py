@@ -58,3 +58,12 @@ def test_unknown_keys_rejected() -> None:
 def test_auth_required_needs_keys() -> None:
     with pytest.raises(ValidationError, match=r"auth\.keys is empty"):
         Settings(models=(ModelSettings(name="a", path="x"),), auth={"required": True})  # type: ignore[arg-type]
+
+
+def test_missing_model_dirs_are_named(tmp_path: Path) -> None:
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "config.json").write_text("{}")
+    s = Settings(
+        models=(ModelSettings(name="a", path="ok"), ModelSettings(name="b", path="gone")), base_dir=str(tmp_path)
+    )
+    assert s.missing_model_dirs() == [f"model 'b': {tmp_path / 'gone'} has no config.json"]
