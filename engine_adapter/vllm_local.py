@@ -303,7 +303,8 @@ class VllmLocalEngine:
 
     def stats(self) -> EngineStats:
         c = self._sink.counter
-        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        # output_processor has this on AsyncLLM in both 0.26 and 0.32 (0.26 lacks the wrapper).
+        unfinished = self._llm.output_processor.get_num_unfinished_requests() if self._llm is not None else 0
         return EngineStats(
             running=c.running,
             waiting=c.waiting,

@@ -123,7 +123,8 @@ def chat_completion(
     }
 
 
-def chat_chunk(
+def envelope(
+    object_name: str,
     *,
     id: str,
     created: int,
@@ -132,31 +133,8 @@ def chat_chunk(
     usage: Usage | None = None,
     with_usage_field: bool = False,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-    }
-    if usage is not None:
-        body["usage"] = usage.body()
-    elif with_usage_field:
-        body["usage"] = None
-    return body
-
-
-def completion(
-    *,
-    id: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    usage: Usage | None,
-    with_usage_field: bool = True,
-    object_name: str = "text_completion",
-) -> dict[str, Any]:
+    """A completions body or a chunk of either API: they differ only in `object`.
+    `usage: null` appears on chunks only when the client asked for usage."""
     body: dict[str, Any] = {
         "id": id,
         "object": object_name,

@@ -93,7 +93,8 @@ async def complete(job: Job) -> dict[str, Any]:
             usage=acct.usage,
             top_logprobs=job.logprobs,
         )
-    return responses.completion(
+    return responses.envelope(
+        "text_completion",
         id=job.id,
         created=job.created,
         model=model,
@@ -113,9 +114,23 @@ async def complete(job: Job) -> dict[str, Any]:
 async def stream(job: Job) -> AsyncIterator[str]:
     """The job as SSE lines. Closing this generator aborts the engine requests."""
     acct = _Accounting(job)
-    model = job.served.name
     started: set[int] = set()
     legacy: dict[int, CompletionLogprobs] = {}
+    object_name = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+
+    def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
+        return sse(
+            responses.envelope(
+                object_name,
+                id=job.id,
+                created=job.created,
+                model=job.served.name,
+                choices=choices,
+                usage=usage,
+                with_usage_field=job.include_usage,
+            )
+        )
+
     try:
         async for i, chunk in run(job):
             acct.observe(i, chunk)
@@ -125,22 +140,8 @@ async def stream(job: Job) -> AsyncIterator[str]:
                 if job.kind == "chat":
                     if idx not in started:
                         started.add(idx)
-                        yield sse(
-                            responses.chat_chunk(
-                                id=job.id,
-                                created=job.created,
-                                model=model,
-                                choices=[
-                                    {
-                                        "index": idx,
-                                        "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None,
-                                        "finish_reason": None,
-                                    }
-                                ],
-                                with_usage_field=job.include_usage,
-                            )
-                        )
+                        role = {"role": "assistant", "content": ""}
+                        yield frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}])
                     if not c.text and c.finish_reason is None and not c.logprobs:
                         continue
                     out.append(
@@ -172,38 +173,10 @@ async def stream(job: Job) -> AsyncIterator[str]:
                             "finish_reason": c.finish_reason,
                         }
                     )
-            if not out:
-                continue
-            if job.kind == "chat":
-                yield sse(
-                    responses.chat_chunk(
-                        id=job.id,
-                        created=job.created,
-                        model=model,
-                        choices=out,
-                        with_usage_field=job.include_usage,
-                    )
-                )
-            else:
-                yield sse(
-                    responses.completion(
-                        id=job.id,
-                        created=job.created,
-                        model=model,
-                        choices=out,
-                        usage=None,
-                        with_usage_field=job.include_usage,
-                    )
-                )
+            if out:
+                yield frame(out)
         if job.include_usage:
-            if job.kind == "chat":
-                yield sse(
-                    responses.chat_chunk(id=job.id, created=job.created, model=model, choices=[], usage=acct.usage)
-                )
-            else:
-                yield sse(
-                    responses.completion(id=job.id, created=job.created, model=model, choices=[], usage=acct.usage)
-                )
+            yield frame([], acct.usage)
     except Exception as exc:  # the status line is sent: report in-band
         err = from_exception(exc)
         log.warning("stream %s failed: %s", job.id, err.message)

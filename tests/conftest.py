@@ -24,7 +24,13 @@ OTHER_KEY = "sk-test-other"
 DENSE = "tiny-dense"
 MOE = "tiny-moe"
 STARTUP_TIMEOUT_S = 420
+DENSE_MAX_LEN = 16384  # long enough that an un-aborted request would run for tens of seconds
 MESSAGES_SHORT = [{"role": "user", "content": "hi"}]
+
+
+# One pooled client: polling with a new client per call costs the test process
+# CPU it may not get while the engines spin on both cores.
+_STATS_CLIENT = httpx.Client(timeout=30)
 
 
 def free_port() -> int:
@@ -44,7 +50,7 @@ class Server:
         return f"{self.base_url}/v1"
 
     def stats(self) -> dict:  # type: ignore[type-arg]
-        r = httpx.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {API_KEY}"})
+        r = _STATS_CLIENT.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {API_KEY}"})
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]
 
@@ -63,7 +69,7 @@ def test_config(tmp: Path, port: int) -> Path:
                 "name": DENSE,
                 "aliases": ["dense-alias"],
                 "path": str(MODELS / "tiny-qwen3"),
-                "max_model_len": 4096,
+                "max_model_len": DENSE_MAX_LEN,
                 "max_num_seqs": 8,
                 "kv_cache_bytes": "64MiB",
                 "cpu_cores": "0",

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, Server
+from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, Server
 
 
 def assert_error(
@@ -51,7 +51,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
 
 
 def test_prompt_too_long_is_400_context_length_exceeded(client: openai.OpenAI) -> None:
-    long = "word " * 5000  # > 4096 tokens
+    long = "word " * (DENSE_MAX_LEN + 100)  # one token per word
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=DENSE, messages=[{"role": "user", "content": long}])
     assert_error(e.value, 400, "context_length_exceeded")
@@ -59,9 +59,9 @@ def test_prompt_too_long_is_400_context_length_exceeded(client: openai.OpenAI) -
 
 def test_prompt_plus_max_tokens_too_long(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=DENSE, prompt="hello", max_tokens=4096)
+        client.completions.create(model=DENSE, prompt="hello", max_tokens=DENSE_MAX_LEN)
     assert_error(e.value, 400, "context_length_exceeded")
-    assert "4096" in e.value.response.json()["error"]["message"]
+    assert str(DENSE_MAX_LEN) in e.value.response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
