@@ -63,6 +63,16 @@ async def _counted_stream(job: Job, counters: Counters, request: Request) -> Asy
 
 async def _respond(job: Job, state: State, request: Request) -> Response:
     counters = state.counters
+    log.info(
+        "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s",
+        job.id,
+        job.served.name,
+        job.principal.name,
+        "+".join(str(len(p)) for p in job.prompts),
+        job.requests[0].sampling.max_tokens,
+        job.n,
+        job.stream,
+    )
     headers = {"X-Request-Id": job.id, "X-Sparkgate-Model": job.served.name}
     if job.stream:
         return StreamingResponse(

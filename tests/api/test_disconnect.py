@@ -45,18 +45,31 @@ def test_full_request_generates_max_tokens(server: Server) -> None:
     assert wait_idle(server)["stats"]["generation_tokens"] - before == 300
 
 
+def open_request(server: Server, payload: dict) -> socket.socket:  # type: ignore[type-arg]
+    """POST over a raw socket, so the test decides exactly when the client hangs up
+    (an HTTP client may read on, or drain the body, before it closes)."""
+    body = json.dumps(payload).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
 def test_stream_disconnect_aborts_engine_request(server: Server) -> None:
     s0 = wait_idle(server)
     disconnects = server.stats()["client_disconnects"]
-    body = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], "stream": True, **LONG}
-    with (
-        httpx.Client(timeout=30) as http,
-        http.stream("POST", f"{server.api}/chat/completions", json=body, headers=HEADERS) as r,
-    ):
-        assert r.status_code == 200
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(6)]
-        assert any(line.startswith("data: ") for line in got)
+    payload = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], "stream": True, **LONG}
+    with open_request(server, payload) as sock:
+        received = b""
+        while received.count(b"data: ") < 6:
+            chunk = sock.recv(65536)
+            assert chunk, "server closed the stream early"
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
     s1 = wait_idle(server)
     generated = s1["stats"]["generation_tokens"] - s0["stats"]["generation_tokens"]
     assert 0 < generated < MAX_TOKENS // 2
@@ -66,16 +79,8 @@ def test_stream_disconnect_aborts_engine_request(server: Server) -> None:
 def test_non_streaming_disconnect_aborts_engine_request(server: Server) -> None:
     s0 = wait_idle(server)
     disconnects = server.stats()["client_disconnects"]
-    body = json.dumps({"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], **LONG}).encode()
-    host, port = server.base_url.removeprefix("http://").split(":")
-    # A raw socket, closed at a moment the test controls (a client read timeout
-    # is not a reliable way to hang up).
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    payload = {"model": DENSE, "messages": [{"role": "user", "content": "go on forever"}], **LONG}
+    with open_request(server, payload):
         deadline = time.monotonic() + 10
         while engine(server)["stats"]["generation_tokens"] == s0["stats"]["generation_tokens"]:
             assert time.monotonic() < deadline, "the request never started generating"
