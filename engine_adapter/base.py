@@ -14,7 +14,7 @@ Errors an engine raises, all subclasses of `EngineError`:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -198,4 +198,3 @@ class StatsCounter:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
