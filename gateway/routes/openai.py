@@ -85,11 +85,17 @@ async def _respond(job: Job, state: State, request: Request) -> Response:
     try:
         async with _on_disconnect(request, job, counters) as watcher:
             work = asyncio.ensure_future(streaming.complete(job))
-            await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
-            if watcher.done():  # the client left; its engine requests are aborted
-                work.cancel()
-                with contextlib.suppress(BaseException):
-                    await work
+            try:
+                await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # The client left (its engine requests are being aborted), or this
+                # handler itself was cancelled: either way the work must not outlive it.
+                client_left = watcher.done()
+                if client_left or not work.done():
+                    work.cancel()
+                    with contextlib.suppress(BaseException):
+                        await work
+            if client_left:
                 return Response(status_code=499)
             body = work.result()
     except Exception:
