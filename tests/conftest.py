@@ -24,7 +24,7 @@ OTHER_KEY = "sk-test-other"
 DENSE = "tiny-dense"
 MOE = "tiny-moe"
 STARTUP_TIMEOUT_S = 420
-DENSE_MAX_LEN = 16384  # long enough that an un-aborted request would run for tens of seconds
+DENSE_MAX_LEN = 32768  # long enough that an un-aborted request would run for over a minute
 MESSAGES_SHORT = [{"role": "user", "content": "hi"}]
 
 
