@@ -36,6 +36,7 @@ class _Accounting:
         self.cached = [0] * len(job.prompts)
         self.prompt_logprobs: list[tuple[Any, ...] | None] = [None] * len(job.prompts)
         self.usage = Usage(prompt_tokens=sum(len(p) for p in job.prompts))
+        self._token_texts: dict[int, list[str]] = {}
 
     def observe(self, prompt_index: int, chunk: EngineChunk) -> None:
         self.cached[prompt_index] = max(self.cached[prompt_index], chunk.num_cached_tokens)
@@ -44,15 +45,21 @@ class _Accounting:
         if chunk.prompt_logprobs and self.prompt_logprobs[prompt_index] is None:
             self.prompt_logprobs[prompt_index] = chunk.prompt_logprobs
 
-    def echo(self, prompt_index: int, chunk: EngineChunk, lp: CompletionLogprobs) -> str:
+    def echo(self, prompt_index: int, lp: CompletionLogprobs) -> str:
         """The prompt text to prepend; adds the prompt's logprobs to `lp`."""
         prompt = self.job.prompts[prompt_index]
         if self.job.logprobs is not None:
             lps = self.prompt_logprobs[prompt_index] or (None,) * len(prompt)
-            tok = self.job.served.tokenizer
-            texts = [tok.decode([t], skip_special_tokens=False) for t in prompt.token_ids]
-            lp.add(list(lps), texts)
+            lp.add(list(lps), self._prompt_token_texts(prompt_index))
         return prompt.text
+
+    def _prompt_token_texts(self, prompt_index: int) -> list[str]:
+        """Each prompt token as text, decoded once per prompt (not once per choice)."""
+        if prompt_index not in self._token_texts:
+            tok = self.job.served.tokenizer
+            ids = self.job.prompts[prompt_index].token_ids
+            self._token_texts[prompt_index] = [tok.decode([t], skip_special_tokens=False) for t in ids]
+        return self._token_texts[prompt_index]
 
 
 def _choice_index(job: Job, prompt_index: int, index: int) -> int:
@@ -68,20 +75,19 @@ async def complete(job: Job) -> dict[str, Any]:
     acct = _Accounting(job)
     states: dict[int, ChoiceState] = {}
     legacy: dict[int, CompletionLogprobs] = {}
-    echoed: set[int] = set()
     async for i, chunk in run(job):
         acct.observe(i, chunk)
         for c in chunk.choices:
             idx = _choice_index(job, i, c.index)
-            state = states.setdefault(idx, ChoiceState(index=idx))
-            if job.kind == "completion" and job.echo and idx not in echoed:
-                echoed.add(idx)
-                state.text = acct.echo(i, chunk, legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0)))
+            lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
+            state = states.get(idx)
+            if state is None:
+                state = states[idx] = ChoiceState(index=idx)
+                if job.kind == "completion" and job.echo:
+                    state.text = acct.echo(i, lp)
             state.add(c)
             if job.kind == "completion" and job.logprobs is not None and c.logprobs:
-                legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0)).add(
-                    list(c.logprobs), _token_texts(c.logprobs)
-                )
+                lp.add(list(c.logprobs), _token_texts(c.logprobs))
     choices = [states[k] for k in sorted(states)]
     model = job.served.name
     if job.kind == "chat":
@@ -102,7 +108,7 @@ async def complete(job: Job) -> dict[str, Any]:
             {
                 "index": c.index,
                 "text": c.text,
-                "logprobs": legacy.get(c.index, CompletionLogprobs(0)).body() if job.logprobs is not None else None,
+                "logprobs": legacy[c.index].body() if job.logprobs is not None else None,
                 "finish_reason": c.finish_reason,
             }
             for c in choices
@@ -160,7 +166,7 @@ async def stream(job: Job) -> AsyncIterator[str]:
                     if idx not in started:
                         started.add(idx)
                         if job.echo:
-                            text = acct.echo(i, chunk, lp) + text
+                            text = acct.echo(i, lp) + text
                     if job.logprobs is not None and c.logprobs:
                         lp.add(list(c.logprobs), _token_texts(c.logprobs))
                     if not text and c.finish_reason is None:
