@@ -132,6 +132,7 @@ class KVSpec:
     groups: tuple[KVGroup, ...]
     max_model_len: int
     prefix_caching: bool
+    max_num_seqs: int  # sequences the scheduler runs at once
 
     @property
     def capacity_tokens(self) -> int:

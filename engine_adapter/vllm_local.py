@@ -278,6 +278,7 @@ class VllmLocalEngine:
             groups=tuple(groups),
             max_model_len=int(mc.max_model_len),
             prefix_caching=bool(cc.enable_prefix_caching),
+            max_num_seqs=int(llm.vllm_config.scheduler_config.max_num_seqs),
         )
 
     @property

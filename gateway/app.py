@@ -9,13 +9,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine_adapter.base import Engine
+from engine_adapter.base import Engine, KVSpec
 from gateway import errors
+from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.deps import AppState, Counters
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.routes import openai, ops
-from gateway.settings import ModelSettings, Settings
+from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
+from policies.admission import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,29 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
     )
 
 
+def pool_limits(model: ModelSettings, spec: KVSpec) -> PoolLimits:
+    """What admission may hand out: the blocks and slots the running engine really has."""
+    slots = spec.max_num_seqs if model.max_concurrency is None else min(model.max_concurrency, spec.max_num_seqs)
+    return PoolLimits(name=model.name, blocks=spec.num_blocks, max_sequences=slots)
+
+
+def admission_control(settings: Settings, served: list[ServedModel]) -> AdmissionControl:
+    a = settings.admission
+    pools = [pool_limits(m.settings, m.engine.kv_spec) for m in served]
+    for p in pools:
+        log.info("admission %s: %d KV blocks, %d running sequences", p.name, p.blocks, p.max_sequences)
+    return AdmissionControl(
+        pools,
+        QueueLimits(
+            max_queued=a.max_queued,
+            max_queued_tokens=a.max_queued_tokens,
+            max_queued_per_user=a.max_queued_per_user,
+            max_bypass=a.max_bypass,
+        ),
+        timeouts_s={PRIORITY_CLASSES.index(name): t for name, t in a.queue_timeout_s.items()},
+    )
+
+
 class JsonBodyMiddleware:
     """Treat API request bodies as JSON whatever Content-Type says (curl -d sends
     form encoding); OpenAI's API does the same."""
@@ -79,6 +104,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 registry=ModelRegistry(served),
                 keys=KeyRing(settings.auth),
                 counters=Counters(),
+                admission=admission_control(settings, served),
             )
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield

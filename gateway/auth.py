@@ -7,14 +7,17 @@ import hmac
 from dataclasses import dataclass
 
 from gateway.errors import AuthenticationFailed
-from gateway.settings import AuthSettings
+from gateway.settings import AuthSettings, PriorityClass
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key's configured name (anonymous when auth is off)."""
+    """Who is calling (the key's configured name; anonymous when auth is off) and their limits."""
 
     name: str
+    priority: PriorityClass = "interactive"
+    max_concurrency: int | None = None
+    max_context: int | None = None
 
 
 ANONYMOUS = Principal("anonymous")
@@ -23,7 +26,10 @@ ANONYMOUS = Principal("anonymous")
 class KeyRing:
     def __init__(self, settings: AuthSettings) -> None:
         self._required = settings.required
-        self._keys = [(bytes.fromhex(k.sha256), k.name) for k in settings.keys]
+        self._keys = [
+            (bytes.fromhex(k.sha256), Principal(k.name, k.priority, k.max_concurrency, k.max_context))
+            for k in settings.keys
+        ]
 
     def authenticate(self, authorization: str | None) -> Principal:
         if not self._required:
@@ -38,11 +44,11 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationFailed("Malformed Authorization header: expected 'Bearer YOUR_KEY'.")
         digest = hashlib.sha256(token.encode()).digest()
-        found: str | None = None
+        found: Principal | None = None
         # Compare against every key (no early exit), so timing reveals nothing.
-        for stored, name in self._keys:
+        for stored, principal in self._keys:
             if hmac.compare_digest(digest, stored):
-                found = name
+                found = principal
         if found is None:
             raise AuthenticationFailed("Incorrect API key provided.")
-        return Principal(found)
+        return found

@@ -26,6 +26,7 @@ def serve(
 
     from gateway import runtime_env
     from gateway.settings import load_settings
+    from policies.memory_plan import PlanDoesNotFit
 
     try:
         settings = load_settings(config)
@@ -40,6 +41,13 @@ def serve(
             err=True,
         )
         raise typer.Exit(2)
+    plan = settings.memory_plan()
+    if isinstance(plan, PlanDoesNotFit):
+        typer.echo(f"sparkgate: cannot serve: {plan.message}", err=True)
+        raise typer.Exit(2)
+    if plan is not None:
+        settings = settings.with_kv_plan(plan)
+        typer.echo("sparkgate: memory plan\n" + "\n".join(plan.lines), err=True)
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

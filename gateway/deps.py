@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing, Principal
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
@@ -29,6 +30,7 @@ class AppState:
     registry: ModelRegistry
     keys: KeyRing
     counters: Counters
+    admission: AdmissionControl
 
 
 def get_state(request: Request) -> AppState:

@@ -7,16 +7,20 @@
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
      +-- RouteNotFound                  404   invalid_request_error   not_found
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
+     +-- RateLimited                    429   requests                rate_limit_exceeded
+     +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
      +-- EngineUnavailableError         503   server_error            engine_unavailable
      +-- InternalError                  500   server_error            internal_error
 
-Engine errors (`engine_adapter.base.EngineError`) are translated here too, so
-routes never catch them. Tracebacks go to the log, never to the client.
+Engine errors (`engine_adapter.base.EngineError`) and admission rejections
+(`policies.admission.Reject`, a value) are translated here too, so routes
+never catch them. Tracebacks go to the log, never to the client.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -25,6 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
+from policies.admission import Reject, RejectReason
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ class GatewayError(Exception):
         self.param = param
         self.code = code or self.default_code
         self.headers = headers or {}
+        self.reason: str | None = None  # the admission reason's metric label, when it is one
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -86,6 +92,18 @@ class MethodNotAllowed(GatewayError):
     default_code = "method_not_allowed"
 
 
+class RateLimited(GatewayError):
+    status = 429
+    type = "requests"
+    default_code = "rate_limit_exceeded"
+
+
+class Overloaded(GatewayError):
+    status = 503
+    type = "server_error"
+    default_code = "server_overloaded"
+
+
 class EngineUnavailableError(GatewayError):
     status = 503
     type = "server_error"
@@ -96,6 +114,24 @@ class InternalError(GatewayError):
     status = 500
     type = "server_error"
     default_code = "internal_error"
+
+
+def from_reject(reject: Reject, retry_after_s: float | None = None) -> GatewayError:
+    """An admission decision "no" -> the error the client sees (status and code from the reason)."""
+    reason = reject.reason
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else {}
+    cls: type[GatewayError]
+    if reason.status == 429:
+        cls = RateLimited
+    elif reason is RejectReason.POOL_CLOSED:
+        cls = EngineUnavailableError
+    elif reason.status == 503:
+        cls = Overloaded
+    else:
+        cls = InvalidRequest
+    err = cls(reject.message, code=reason.code, headers=headers)
+    err.reason = reason.label
+    return err
 
 
 def from_exception(exc: BaseException) -> GatewayError:

@@ -1,8 +1,9 @@
 """One request's hops, in order: resolve model -> tokenize once -> fit the context
--> build engine requests -> run (whole or streamed).
+-> build engine requests -> size its KV demand -> (admission, in the route) -> run
+(whole or streamed).
 
-Later hops (prefix normalization, quota, routing, admission) slot in between
-`prepare_*` and `run_*` without the routes changing.
+Later hops (prefix normalization, quota, routing) slot in between `prepare_*`
+and `run` without the routes changing.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine_adapter.base import (
@@ -24,8 +25,9 @@ from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
-from gateway.settings import LimitSettings
-from policies import tokens
+from gateway.settings import PRIORITY_CLASSES, LimitSettings
+from policies import kv, tokens
+from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
 
 
@@ -45,6 +47,9 @@ class Job:
     include_usage: bool
     logprobs: int | None  # top-k to report, None when not requested
     echo: bool = False
+    # Called once with the first prompt's cached-token count when the engine has
+    # prefilled it (admission makes its blocks shareable and reconciles hits).
+    on_prefill: Callable[[int], None] | None = field(default=None, compare=False)
 
 
 def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -125,11 +130,16 @@ def _sampling(
     )
 
 
-def _budget(served: ServedModel, prompt: tokens.Prompt, requested: int | None, param: str) -> int:
+def _context_limit(served: ServedModel, principal: Principal) -> int:
+    limits = [served.engine.max_model_len, served.settings.max_context, principal.max_context]
+    return min(x for x in limits if x is not None)
+
+
+def _budget(served: ServedModel, principal: Principal, prompt: tokens.Prompt, requested: int | None, param: str) -> int:
     plan = plan_output(
         prompt_tokens=len(prompt),
         requested=requested,
-        max_model_len=served.engine.max_model_len,
+        max_model_len=_context_limit(served, principal),
         max_output_cap=served.settings.max_output_tokens,
     )
     if isinstance(plan, ContextTooLong):
@@ -163,7 +173,7 @@ async def prepare_chat(
         )
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
-    max_tokens = _budget(served, prompt, req.requested_max_tokens, "messages")
+    max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     job_id = f"chatcmpl-{uuid.uuid4().hex}"
     request = EngineRequest(
@@ -210,7 +220,7 @@ async def prepare_completion(
             prompt_token_ids=p.token_ids,
             sampling=_sampling(
                 req,
-                max_tokens=_budget(served, p, req.max_tokens, "prompt"),
+                max_tokens=_budget(served, principal, p, req.max_tokens, "prompt"),
                 logprobs=lp,
                 prompt_logprobs=lp if (req.echo and lp is not None) else None,
             ),
@@ -233,6 +243,48 @@ async def prepare_completion(
     )
 
 
+def priority_of(principal: Principal, header: str | None) -> int:
+    """The admission class: the key's default, or a less urgent one the request asks for."""
+    floor = PRIORITY_CLASSES.index(principal.priority)
+    if header is None:
+        return floor
+    name = header.strip().lower()
+    if name not in PRIORITY_CLASSES:
+        raise InvalidRequest(
+            f"Unknown priority class {header!r}; use one of: {', '.join(PRIORITY_CLASSES)}.", code="invalid_priority"
+        )
+    return max(floor, PRIORITY_CLASSES.index(name))  # a header cannot raise a key above its class
+
+
+def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
+    """The job's worst-case claim on its engine's KV pool and running slots.
+
+    Only the first prompt's blocks are offered for sharing: a multi-prompt
+    completion's later prompts are charged in full (safe, rarely used).
+    """
+    spec = job.served.engine.kv_spec
+    private = 0
+    shared: tuple[Any, ...] = ()
+    for i, (prompt, request) in enumerate(zip(job.prompts, job.requests, strict=True)):
+        fp = kv.footprint(spec, prompt.token_ids, request.sampling.max_tokens, n=job.n, cache_salt=request.cache_salt)
+        if i == 0:
+            shared = fp.shared_keys
+            private += fp.private_blocks
+        else:
+            private += fp.blocks
+    return Demand(
+        id=job.id,
+        pool=job.served.name,
+        user=job.principal.name,
+        priority=priority,
+        sequences=len(job.requests) * job.n,
+        private_blocks=private,
+        shared_keys=shared,
+        tokens=sum(len(p) + r.sampling.max_tokens * job.n for p, r in zip(job.prompts, job.requests, strict=True)),
+        user_max_running=user_max_running,
+    )
+
+
 async def _checked(stream: AsyncIterator[EngineChunk]) -> AsyncIterator[EngineChunk]:
     async for chunk in stream:
         for c in chunk.choices:
@@ -249,7 +301,12 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
     """
     engine = job.served.engine
     if len(job.requests) == 1:
+        first = True
         async for chunk in _checked(engine.generate(job.requests[0])):
+            if first:
+                first = False
+                if job.on_prefill is not None:
+                    job.on_prefill(chunk.num_cached_tokens)
             yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
@@ -266,6 +323,7 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
             await queue.put(None)
 
     tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(job.requests)]
+    prefilled = False
     try:
         remaining = len(tasks)
         while remaining:
@@ -275,6 +333,10 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
             elif isinstance(item, BaseException):
                 raise item
             else:
+                if item[0] == 0 and not prefilled:
+                    prefilled = True
+                    if job.on_prefill is not None:
+                        job.on_prefill(item[1].num_cached_tokens)
                 yield item
     finally:
         for t in tasks:

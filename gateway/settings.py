@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from policies.memory_plan import MemoryPlan, ModelMemory, PlanDoesNotFit, plan_memory
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -50,9 +52,18 @@ class ServerSettings(_Model):
     cache_dir: str = ".cache"
 
 
+PriorityClass = Literal["interactive", "batch"]
+# Most urgent first: a class's index is its admission priority.
+PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "batch")
+
+
 class ApiKey(_Model):
     name: str
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # The key's default class, and the most urgent one a request header may ask for.
+    priority: PriorityClass = "interactive"
+    max_concurrency: int | None = Field(None, ge=1)  # jobs running at once (None: admission default)
+    max_context: int | None = Field(None, ge=16)  # prompt + max_tokens (None: the model's)
 
 
 class AuthSettings(_Model):
@@ -79,7 +90,12 @@ class ModelSettings(_Model):
     max_num_seqs: int = Field(8, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=16)
     max_output_tokens: int | None = Field(None, ge=1)
+    # Fixed KV bytes. Unset: with a `box` plan, a share of the memory left; without one, vLLM's default.
     kv_cache_bytes: int | None = None
+    kv_share: float = Field(1.0, gt=0)
+    # What the model costs the box besides KV (the memory plan needs these when `box` is set).
+    weights_bytes: int | None = None
+    overhead_bytes: int = 0
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
@@ -91,7 +107,12 @@ class ModelSettings(_Model):
     # Passed verbatim to vLLM's AsyncEngineArgs (names differ across versions).
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
-    @field_validator("kv_cache_bytes", mode="before")
+    # Admission: running jobs' sequences at once (None: the engine's max_num_seqs) and the
+    # longest prompt + max_tokens accepted (None: max_model_len).
+    max_concurrency: int | None = Field(None, ge=1)
+    max_context: int | None = Field(None, ge=16)
+
+    @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
@@ -105,6 +126,33 @@ class LimitSettings(_Model):
     max_n: int = Field(8, ge=1)
 
 
+_DEFAULT_QUEUE_TIMEOUT_S: dict[PriorityClass, float] = {"interactive": 60.0, "batch": 600.0}
+
+
+class AdmissionSettings(_Model):
+    """The fair queue in front of the engines (see policies/admission.py)."""
+
+    max_queued: int = Field(256, ge=0)
+    max_queued_tokens: int = Field(4_000_000, ge=0)
+    max_queued_per_user: int = Field(64, ge=0)
+    max_bypass: int = Field(4, ge=0)
+    per_user_max_concurrency: int | None = Field(None, ge=1)
+    queue_timeout_s: dict[PriorityClass, float] = Field(default_factory=lambda: dict(_DEFAULT_QUEUE_TIMEOUT_S))
+    priority_header: str = "X-Sparkgate-Priority"
+
+
+class BoxSettings(_Model):
+    """The machine the in-process engines share (a DGX Spark: 128 GiB unified)."""
+
+    memory: int
+    reserved: int = 0  # OS, gateway process, CUDA contexts: never given to a model
+
+    @field_validator("memory", "reserved", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_bytes(v)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPARKGATE_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
@@ -112,6 +160,8 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings(required=False)
     models: tuple[ModelSettings, ...]
     limits: LimitSettings = LimitSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    box: BoxSettings | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."
 
@@ -136,7 +186,35 @@ class Settings(BaseSettings):
                 if n in seen:
                     raise ValueError(f"model name {n!r} is used by both {seen[n]!r} and {m.name!r}")
                 seen[n] = m.name
+        if self.box is not None:
+            unknown = [m.name for m in self.models if m.weights_bytes is None]
+            if unknown:
+                raise ValueError(f"box: the memory plan needs weights_bytes for {', '.join(unknown)}")
         return self
+
+    def memory_plan(self) -> MemoryPlan | PlanDoesNotFit | None:
+        """The box's memory plan (None without a `box` section)."""
+        if self.box is None:
+            return None
+        return plan_memory(
+            total=self.box.memory,
+            reserved=self.box.reserved,
+            models=[
+                ModelMemory(
+                    name=m.name,
+                    weights=m.weights_bytes or 0,
+                    overhead=m.overhead_bytes,
+                    kv_cache=m.kv_cache_bytes,
+                    kv_share=m.kv_share,
+                )
+                for m in self.models
+            ],
+        )
+
+    def with_kv_plan(self, plan: MemoryPlan) -> Settings:
+        """These settings with each model's KV bytes taken from the plan."""
+        models = tuple(m.model_copy(update={"kv_cache_bytes": plan.kv_cache[m.name]}) for m in self.models)
+        return self.model_copy(update={"models": models})
 
     def missing_model_dirs(self) -> list[str]:
         """Models whose directory has no config.json, as readable lines."""

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from gateway import streaming
-from gateway.deps import Caller, Counters, State
+from gateway import pipeline, streaming
+from gateway.admission import Ticket
+from gateway.deps import AppState, Caller, Counters, State
 from gateway.pipeline import Job, abort, prepare_chat, prepare_completion
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -47,7 +50,22 @@ async def _on_disconnect(request: Request, job: Job, counters: Counters) -> Asyn
                 await watcher
 
 
-async def _counted_stream(job: Job, counters: Counters, request: Request) -> AsyncIterator[str]:
+class _TicketedStream(StreamingResponse):
+    """A stream that releases its admission ticket however the response ends, even
+    when the body is never iterated (the client left before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[str], ticket: Ticket, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+
+
+async def _counted_stream(job: Job, counters: Counters, request: Request, ticket: Ticket) -> AsyncIterator[str]:
     name = job.served.name
     counters.by_model_inflight[name] = counters.by_model_inflight.get(name, 0) + 1
     try:
@@ -59,12 +77,63 @@ async def _counted_stream(job: Job, counters: Counters, request: Request) -> Asy
         counters.completed += 1
     finally:
         counters.by_model_inflight[name] -= 1
+        ticket.release()  # the engine requests are finished or aborted by now
+
+
+class _ClientLeft(Exception):
+    pass
+
+
+async def _admit(job: Job, state: AppState, request: Request) -> Ticket:
+    """Wait for the job's turn (KV room, a slot, fairness), or for the client to leave."""
+    demand = pipeline.demand(
+        job,
+        priority=pipeline.priority_of(job.principal, request.headers.get(state.settings.admission.priority_header)),
+        user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
+    )
+    acquire = asyncio.ensure_future(state.admission.acquire(demand))
+
+    async def left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(left())
+    try:
+        await asyncio.wait([acquire, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not acquire.done():
+            acquire.cancel()  # gives the queue place (or a just-granted admission) back
+            with contextlib.suppress(BaseException):
+                await acquire
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+    if acquire.cancelled():
+        state.counters.client_disconnects += 1
+        raise _ClientLeft
+    return acquire.result()
 
 
 async def _respond(job: Job, state: State, request: Request) -> Response:
+    try:
+        ticket = await _admit(job, state, request)
+    except _ClientLeft:
+        log.info("%s: client left while queued", job.id)
+        return Response(status_code=499)
+    try:
+        bs = job.served.engine.kv_spec.block_size
+        job = dataclasses.replace(job, on_prefill=lambda cached: ticket.prefilled(cached // bs))
+        return await _run(job, state, request, ticket)
+    except BaseException:
+        ticket.release()
+        raise
+
+
+async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Response:
     counters = state.counters
     log.info(
-        "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s",
+        "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
         job.id,
         job.served.name,
         job.principal.name,
@@ -72,11 +141,17 @@ async def _respond(job: Job, state: State, request: Request) -> Response:
         job.requests[0].sampling.max_tokens,
         job.n,
         job.stream,
+        ticket.waited_s,
     )
-    headers = {"X-Request-Id": job.id, "X-Sparkgate-Model": job.served.name}
+    headers = {
+        "X-Request-Id": job.id,
+        "X-Sparkgate-Model": job.served.name,
+        "X-Sparkgate-Queue-Wait-Ms": str(round(ticket.waited_s * 1000)),
+    }
     if job.stream:
-        return StreamingResponse(
-            _counted_stream(job, counters, request),
+        return _TicketedStream(
+            _counted_stream(job, counters, request, ticket),
+            ticket,
             media_type="text/event-stream",
             headers=SSE_HEADERS | headers,
         )
@@ -100,9 +175,12 @@ async def _respond(job: Job, state: State, request: Request) -> Response:
             body = work.result()
     except Exception:
         counters.failed += 1
+        if not job.served.engine.is_healthy:
+            state.admission.close(name)  # nobody waiting for a dead engine should wait on
         raise
     finally:
         counters.by_model_inflight[name] -= 1
+        ticket.release()
     counters.completed += 1
     return JSONResponse(body, headers=headers)
 

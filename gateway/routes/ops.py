@@ -31,12 +31,24 @@ async def stats(state: State, caller: Caller) -> dict[str, Any]:
             "stats": dataclasses.asdict(m.engine.stats()),
             "kv": dataclasses.asdict(m.engine.kv_spec),
             "inflight": state.counters.by_model_inflight.get(m.name, 0),
+            "admission": dataclasses.asdict(state.admission.snapshot(m.name)),
         }
     c = state.counters
+    a = state.admission.metrics
     return {
         "requests": c.requests,
         "completed": c.completed,
         "failed": c.failed,
         "client_disconnects": c.client_disconnects,
+        "admission": {
+            "admitted": a.admitted,
+            "queued": a.queued,
+            "released": a.released,
+            "rejected": dict(a.rejected),
+            "queue_wait_s_total": a.queue_wait_s_total,
+            "queue_wait_s_max": a.queue_wait_s_max,
+            "kv_mispredicted_blocks": a.kv_mispredicted_blocks,
+            "kv_refunded_blocks": a.kv_refunded_blocks,
+        },
         "engines": engines,
     }
