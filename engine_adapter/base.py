@@ -135,8 +135,13 @@ class KVSpec:
     max_num_seqs: int  # sequences the scheduler runs at once
 
     @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can hold: vLLM keeps block 0 as its null block."""
+        return self.num_blocks - 1
+
+    @property
     def capacity_tokens(self) -> int:
-        return self.block_size * self.num_blocks
+        return self.block_size * self.usable_blocks
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,8 +39,9 @@ class Ticket:
     """An admitted job's hold on its pool. `release()` is idempotent; a ticket that is
     garbage-collected unreleased is released then (and logged: that is a bug)."""
 
-    def __init__(self, control: AdmissionControl, demand: Demand, admit: Admit, waited_s: float) -> None:
+    def __init__(self, control: AdmissionControl, demand: Demand, admit: Admit, waited_s: float, seq: int) -> None:
         self._control = control
+        self.seq = seq  # admission order across the gateway (1, 2, ...)
         self.demand = demand
         self.admit = admit
         self.waited_s = waited_s
@@ -126,7 +127,7 @@ class AdmissionControl:
         m.admitted += 1
         m.queue_wait_s_total += waited
         m.queue_wait_s_max = max(m.queue_wait_s_max, waited)
-        return Ticket(self, demand, admit, waited)
+        return Ticket(self, demand, admit, waited, m.admitted)
 
     def _dispatch(self, changes: Iterable[Admit | Reject]) -> None:
         for c in changes:

@@ -56,7 +56,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
 def pool_limits(model: ModelSettings, spec: KVSpec) -> PoolLimits:
     """What admission may hand out: the blocks and slots the running engine really has."""
     slots = spec.max_num_seqs if model.max_concurrency is None else min(model.max_concurrency, spec.max_num_seqs)
-    return PoolLimits(name=model.name, blocks=spec.num_blocks, max_sequences=slots)
+    return PoolLimits(name=model.name, blocks=spec.usable_blocks, max_sequences=slots)
 
 
 def admission_control(settings: Settings, served: list[ServedModel]) -> AdmissionControl:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -91,12 +92,9 @@ def test_config(tmp: Path, port: int) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("server")
-    port = free_port()
-    config = test_config(tmp, port)
-    log_path = tmp / "server.log"
+@contextlib.contextmanager
+def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
+    """Run `sparkgate serve` on a config until the block exits; fail fast with its log."""
     log = log_path.open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
@@ -119,16 +117,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             proc.kill()
             raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
         time.sleep(1)
-    yield Server(base_url=base, log_path=log_path, proc=proc)
-    os.killpg(proc.pid, signal.SIGINT)
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log.close()
-    if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
-        print(log_path.read_text()[-3000:])
+        yield Server(base_url=base, log_path=log_path, proc=proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
+            print(log_path.read_text()[-3000:])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("server")
+    port = free_port()
+    with launch(test_config(tmp, port), tmp / "server.log", port) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

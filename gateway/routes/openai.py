@@ -147,6 +147,7 @@ async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Resp
         "X-Request-Id": job.id,
         "X-Sparkgate-Model": job.served.name,
         "X-Sparkgate-Queue-Wait-Ms": str(round(ticket.waited_s * 1000)),
+        "X-Sparkgate-Admission-Seq": str(ticket.seq),
     }
     if job.stream:
         return _TicketedStream(
