@@ -111,13 +111,17 @@ class EngineChunk:
 
 @dataclass(frozen=True, kw_only=True)
 class KVGroup:
-    """Layers that share one block table (vLLM's KV cache group)."""
+    """Layers that share one block table (vLLM's KV cache group). Every group draws
+    its blocks from the one pool: a request holds blocks in each group."""
 
     kind: Literal["full_attention", "sliding_window", "linear_attention"]
-    num_layers: int
+    num_layers: int  # layers in this group (padded groups count their slots)
     block_size: int  # tokens per block for this group
     page_bytes_per_layer: int  # bytes one layer of this group holds per block
     sliding_window: int | None = None
+    # Linear attention (Mamba/GDN) state under prefix caching: "align" keeps a
+    # state block per block boundary while it moves on; "none" keeps one.
+    mamba_mode: Literal["none", "align"] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +129,15 @@ class KVSpec:
     """The running engine's KV cache, as the engine reports it."""
 
     block_size: int  # tokens per block of the scheduler (what prefix caching reuses)
-    num_blocks: int
-    bytes_per_block: int  # all layers of all groups
+    num_blocks: int  # the pool, including vLLM's null block
+    bytes_per_block: int  # what one block id costs the pool (groups alias one buffer)
     kv_cache_bytes: int
     cache_dtype: str
     groups: tuple[KVGroup, ...]
     max_model_len: int
     prefix_caching: bool
     max_num_seqs: int  # sequences the scheduler runs at once
+    max_num_batched_tokens: int = 0  # the scheduler's token budget per step (prefill chunk size)
 
     @property
     def usable_blocks(self) -> int:

@@ -239,3 +239,74 @@ def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) 
             marker.write_text(f"{time.monotonic() - t0:.1f}s\n")
         written.append(out)
     return written
+
+
+# --- Sliding-window variants (config only: load them with load_format="dummy") ---
+# Added for the KV-cache probe (tests/integration/kv_probe.py). Kept apart from
+# ARCHITECTURES/DEFAULT_MODELS so `prepare()` builds exactly what it did before.
+
+SLIDING_WINDOW = 256
+
+EXTRA_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # Every layer sliding-window: a single SlidingWindowSpec KV cache group.
+    "qwen3_swa": dict(
+        _COMMON,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        tie_word_embeddings=False,
+        use_sliding_window=True,
+        sliding_window=SLIDING_WINDOW,
+        max_window_layers=0,
+        layer_types=["sliding_attention", "sliding_attention"],
+    ),
+    # One sliding-window + one full-attention layer: two KV cache groups in one pool.
+    "gemma3_swa": dict(
+        {k: v for k, v in _COMMON.items() if k not in ("hidden_act", "rope_theta")},
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=32,
+        sliding_window=SLIDING_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+    ),
+}
+
+EXTRA_MODELS: dict[str, str] = {
+    "tiny-qwen3-swa": "qwen3_swa",
+    "tiny-gemma3-swa": "gemma3_swa",
+}
+
+
+def write_extra_model(out: Path, architecture: str, tokenizer_dir: Path) -> None:
+    """Write a config-only model dir for a key of EXTRA_ARCHITECTURES (no weights)."""
+    cfg = dict(EXTRA_ARCHITECTURES[architecture], transformers_version="5.19.0")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    gen = {"eos_token_id": [EOS_TOKEN_ID, PAD_TOKEN_ID], "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen))
+
+
+def prepare_extra(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
+    """Build the tokenizer once and each named EXTRA_MODELS dir under `root` (idempotent)."""
+    tokenizer_dir = root / "_tokenizer-qwen3"
+    if force or not (tokenizer_dir / "tokenizer_config.json").exists():
+        build_tokenizer(tokenizer_dir)
+    written = []
+    for name in names or list(EXTRA_MODELS):
+        out = root / name
+        marker = out / ".complete"
+        if force or not marker.exists():
+            write_extra_model(out, EXTRA_MODELS[name], tokenizer_dir)
+            marker.write_text("config only\n")
+        written.append(out)
+    return written

@@ -108,6 +108,84 @@ def _convert_prompt_logprobs(entries: Any, prompt_ids: tuple[int, ...], k: int) 
     return tuple(out)
 
 
+def _layer_kinds(vllm_config: Any) -> dict[str, int]:
+    """Layers per KV kind, as vLLM's model runner will build their cache specs."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    total = int(mc.get_num_layers(pc))
+    attention = int(mc.get_num_layers_by_block_type(pc, "attention"))
+    layer_types = getattr(mc.hf_text_config, "layer_types", None)
+    window = mc.get_sliding_window()
+    if layer_types and len(layer_types) == total:
+        sliding = sum(1 for t in layer_types if t in ("sliding_attention", "sliding_window"))
+    else:
+        sliding = attention if window else 0
+    kinds = {
+        "full_attention": attention - sliding,
+        "sliding_window": sliding,
+        "linear_attention": total - attention,
+    }
+    return {k: n for k, n in kinds.items() if n > 0}
+
+
+def kv_spec_from_config(vllm_config: Any) -> KVSpec:
+    """The KV pool a running engine allocated, from its (synced) config.
+
+    vLLM 0.32's rules (kv_cache_utils.get_kv_cache_groups): one group when every
+    layer is of one kind; otherwise each kind is cut into groups of
+    `group_size` layers (the smallest kind's count, or the largest's when it is
+    under 1.5x the smallest), and all groups share one pool whose block id
+    costs one group's worth of pages. Hybrid linear-attention state is padded
+    to the (stretched) attention page. Checked against the engine's own
+    groups by tests/integration/test_kv_exact.py.
+    """
+    cc = vllm_config.cache_config
+    mc = vllm_config.model_config
+    pc = vllm_config.parallel_config
+    sc = vllm_config.scheduler_config
+    block_size = int(cc.block_size)
+    cache_dtype = str(cc.cache_dtype)
+    if cache_dtype == "auto":
+        cache_dtype = str(mc.dtype).removeprefix("torch.")
+    elem = _DTYPE_BYTES.get(cache_dtype, 2)
+    page = 2 * block_size * int(mc.get_num_kv_heads(pc)) * int(mc.get_head_size()) * elem
+    kinds = _layer_kinds(vllm_config)
+    if len(kinds) == 1:
+        group_size = next(iter(kinds.values()))
+    else:
+        smallest, largest = min(kinds.values()), max(kinds.values())
+        group_size = largest if largest < 1.5 * smallest else smallest
+    prefix = bool(cc.enable_prefix_caching)
+    mamba_mode: Any = str(getattr(cc, "mamba_cache_mode", None) or ("align" if prefix else "none"))
+    window = mc.get_sliding_window()
+    groups = []
+    for kind, layers in kinds.items():
+        for _ in range(-(-layers // group_size)):
+            groups.append(
+                KVGroup(
+                    kind=kind,  # type: ignore[arg-type]
+                    num_layers=group_size,
+                    block_size=block_size,
+                    page_bytes_per_layer=page,
+                    sliding_window=int(window) if kind == "sliding_window" and window else None,
+                    mamba_mode=mamba_mode if kind == "linear_attention" else None,
+                )
+            )
+    num_blocks = int(cc.num_gpu_blocks or 0)
+    bytes_per_block = group_size * page
+    return KVSpec(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        bytes_per_block=bytes_per_block,
+        kv_cache_bytes=int(getattr(cc, "kv_cache_memory_bytes", None) or num_blocks * bytes_per_block),
+        cache_dtype=cache_dtype,
+        groups=tuple(groups),
+        max_model_len=int(mc.max_model_len),
+        prefix_caching=prefix,
+        max_num_seqs=int(sc.max_num_seqs),
+        max_num_batched_tokens=int(sc.max_num_batched_tokens),
+    )
+
+
 class _StatsSink:
     """Shared accumulator that the stat-logger factory writes into."""
 
@@ -223,63 +301,18 @@ class VllmLocalEngine:
     # -- facts ---------------------------------------------------------------
 
     def _read_kv_spec(self) -> KVSpec:
-        """The KV pool the running engine allocated, from its synced config.
-
-        The engine core reports num_gpu_blocks and the (possibly stretched)
-        block size back to this process; per-layer page sizes follow from the
-        model shape. Hybrid linear-attention state is modelled in detail by the
-        admission work; here it is a group with its layer count.
-        """
-        llm = self._llm
-        cc = llm.vllm_config.cache_config
-        mc = llm.model_config
-        pc = llm.vllm_config.parallel_config
-        block_size = int(cc.block_size)
-        cache_dtype = str(cc.cache_dtype)
-        if cache_dtype == "auto":
-            cache_dtype = str(mc.dtype).removeprefix("torch.")
-        elem = _DTYPE_BYTES.get(cache_dtype, 2)
-        kv_heads = int(mc.get_num_kv_heads(pc))
-        head = int(mc.get_head_size())
-        attn_layers = int(mc.get_num_layers_by_block_type(pc, "attention"))
-        total_layers = int(mc.get_num_layers(pc))
-        window = getattr(mc.hf_text_config, "sliding_window", None) if hasattr(mc, "hf_text_config") else None
-        page = 2 * block_size * kv_heads * head * elem
-        groups = [
-            KVGroup(
-                kind="sliding_window" if window else "full_attention",
-                num_layers=attn_layers,
-                block_size=block_size,
-                page_bytes_per_layer=page,
-                sliding_window=window or None,
+        spec = kv_spec_from_config(self._llm.vllm_config)
+        kv_bytes = self._llm.vllm_config.cache_config.kv_cache_memory_bytes
+        if kv_bytes and kv_bytes // spec.bytes_per_block != spec.num_blocks:
+            # The derived layout disagrees with what the engine allocated: admission would be off.
+            log.warning(
+                "engine %s: %d KV bytes / %d bytes per derived block != %d blocks allocated",
+                self.name,
+                kv_bytes,
+                spec.bytes_per_block,
+                spec.num_blocks,
             )
-        ]
-        linear = total_layers - attn_layers
-        bytes_per_block = page * attn_layers
-        if linear > 0:
-            mamba_page = int(getattr(cc, "mamba_page_size_padded", None) or page)
-            groups.append(
-                KVGroup(
-                    kind="linear_attention",
-                    num_layers=linear,
-                    block_size=block_size,
-                    page_bytes_per_layer=mamba_page,
-                )
-            )
-            bytes_per_block += mamba_page * linear
-        num_blocks = int(cc.num_gpu_blocks or 0)
-        kv_bytes = int(getattr(cc, "kv_cache_memory_bytes", None) or num_blocks * bytes_per_block)
-        return KVSpec(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            bytes_per_block=bytes_per_block,
-            kv_cache_bytes=kv_bytes,
-            cache_dtype=cache_dtype,
-            groups=tuple(groups),
-            max_model_len=int(mc.max_model_len),
-            prefix_caching=bool(cc.enable_prefix_caching),
-            max_num_seqs=int(llm.vllm_config.scheduler_config.max_num_seqs),
-        )
+        return spec
 
     @property
     def kv_spec(self) -> KVSpec:

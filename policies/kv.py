@@ -1,10 +1,19 @@
 """KV-cache footprint of a request, in the running engine's blocks and bytes.
 
-Pure arithmetic over the engine's `KVSpec` (block size, groups, page sizes
-as vLLM allocated them), mirroring vLLM v1's KV cache manager: all groups draw
-blocks from one pool; a full-attention group holds ceil(tokens / block_size)
-blocks per sequence; prefix caching reuses whole blocks whose token chain from
-the start is identical. See the rules and their sources in docs/kv-footprint.md.
+Pure arithmetic over the engine's `KVSpec` (block size, groups, page sizes as
+vLLM allocated them), mirroring vLLM v1's KV cache manager (0.32, synchronous
+scheduler; docs/kv-footprint.md has the rules and their sources):
+
+- all groups draw block ids from one pool, and a request holds blocks in each;
+- full attention holds ceil((P + M - 1) / bs) blocks at its peak (the last
+  sampled token is never fed back);
+- sliding window frees blocks that fall wholly out of the window as decoding
+  moves on; its peak is the prefill chunk or the steady decode window;
+- linear attention (Mamba/GDN) holds one state block ("none"), or in "align"
+  mode two for one step each time it crosses into a new block;
+- prefix caching reuses whole blocks whose token chain from the start is
+  identical, at most P - 1 tokens' worth; hit blocks that a live request
+  holds cost nothing, others come off the free list and cost one each.
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ def cdiv(a: int, b: int) -> int:
 class Footprint:
     """A request's peak hold on the pool, all its sequences together."""
 
-    blocks: int  # pool blocks at the peak, worst case (max_tokens generated)
-    bytes: int  # what those blocks weigh
-    per_group: tuple[int, ...]  # blocks per KV cache group (same order as spec.groups)
-    shared_keys: tuple[Hashable, ...]  # prompt blocks another live request may supply
+    blocks: int  # pool blocks at the peak (of the sum over groups), worst case: max_tokens generated
+    bytes: int  # what those blocks weigh in the pool
+    per_group: tuple[int, ...]  # each group's own peak (same order as spec.groups)
+    # Prompt blocks that a live request may already hold, as chain keys; counted
+    # once in `blocks` however many of the request's sequences share them.
+    shared_keys: tuple[Hashable, ...]
 
     @property
     def private_blocks(self) -> int:
@@ -38,14 +49,66 @@ def peak_tokens(prompt_tokens: int, max_tokens: int) -> int:
     return prompt_tokens + max_tokens - 1
 
 
-def group_blocks(group: KVGroup, tokens: int) -> int:
-    """Blocks one sequence of `tokens` holds in one group at its peak."""
+def _sliding_held(group: KVGroup, c: int, k: int) -> int:
+    """Blocks a sliding-window group holds in a step that computes tokens [c, c + k): those
+    wholly below c - w + 1 have gone back to the pool (vLLM frees them before allocating)."""
+    bs, w = group.block_size, group.sliding_window or 0
+    return cdiv(c + k, bs) - max(0, c - w + 1) // bs
+
+
+def _steps(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> list[tuple[int, int]]:
+    """The (start, length) steps where a sliding window's hold can peak: prefill chunks of the
+    scheduler's budget starting wherever other requests' tokens cut the previous one (so the
+    worst start), then one-token decode steps (periodic in the block size past the window)."""
+    chunk = spec.max_num_batched_tokens or prompt_tokens
+    bs = min(g.block_size for g in spec.groups)
+    w = max(g.sliding_window or 0 for g in spec.groups)
+    starts = {0, max(0, prompt_tokens - chunk)}
+    for b in range(0, prompt_tokens + bs, bs):
+        for c in (b + 1 - chunk, b + w - 2, b + w - 1):
+            if 0 <= c < prompt_tokens:
+                starts.add(c)
+    steps = [(c, min(chunk, prompt_tokens - c)) for c in sorted(starts)]
+    last = prompt_tokens + max_tokens - 2  # the last position fed back
+    head = range(prompt_tokens, min(last, max(prompt_tokens, w) + 2 * bs) + 1)
+    tail = range(max(prompt_tokens, last - 2 * bs), last + 1)
+    steps += [(c, 1) for c in sorted(set(head) | set(tail))]
+    return steps
+
+
+def _held(group: KVGroup, c: int, k: int, full_blocks: int) -> int:
     if group.kind == "linear_attention":
-        return 1  # a fixed-size recurrent state, one page per sequence
-    if group.kind == "sliding_window" and group.sliding_window is not None:
-        # Blocks wholly out of the window are returned to the pool as decoding moves on.
-        return min(cdiv(tokens, group.block_size), cdiv(group.sliding_window - 1, group.block_size) + 1)
-    return cdiv(tokens, group.block_size)
+        # One state block; "align" keeps the previous one for the step that crosses into a
+        # new block, which is also the step the attention groups reach their peak.
+        return 2 if group.mamba_mode == "align" and full_blocks > 1 else 1
+    if group.kind == "sliding_window" and group.sliding_window:
+        return _sliding_held(group, c, k)
+    return cdiv(c + k, group.block_size)
+
+
+def sequence_peaks(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> tuple[int, tuple[int, ...]]:
+    """(pool blocks one sequence holds at its peak, each group's own peak).
+
+    Groups may peak at different steps (a window peaks at prefill, full attention
+    at the last token), so the pool peak is the peak of their sum, not the sum of peaks.
+    """
+    tokens = peak_tokens(prompt_tokens, max_tokens)
+    fulls = [cdiv(tokens, g.block_size) for g in spec.groups]
+    if not any(g.kind == "sliding_window" and g.sliding_window for g in spec.groups):
+        peaks = tuple(_held(g, 0, tokens, f) for g, f in zip(spec.groups, fulls, strict=True))
+        return sum(peaks), peaks
+    per_group = [0] * len(spec.groups)
+    pool = 0
+    for c, k in _steps(spec, prompt_tokens, max_tokens):
+        held = [_held(g, c, k, f) for g, f in zip(spec.groups, fulls, strict=True)]
+        per_group = [max(a, b) for a, b in zip(per_group, held, strict=True)]
+        pool = max(pool, sum(held))
+    return pool, tuple(per_group)
+
+
+def sequence_blocks(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> tuple[int, ...]:
+    """Each group's own peak for one sequence."""
+    return sequence_peaks(spec, prompt_tokens, max_tokens)[1]
 
 
 def prefix_keys(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> tuple[Hashable, ...]:
@@ -68,14 +131,20 @@ def footprint(
     n: int = 1,
     cache_salt: str | None = None,
 ) -> Footprint:
-    tokens = peak_tokens(len(prompt_ids), max_tokens)
-    per_group = tuple(group_blocks(g, tokens) * n for g in spec.groups)
-    blocks = sum(per_group)
+    """Worst-case blocks for a request of `n` sequences over one prompt.
+
+    Sharing is predicted where vLLM's hits are certain: models whose only group
+    is full attention. There, the n sequences share the prompt's whole blocks
+    (siblings hit them in the same step), and so may another live request. For
+    sliding-window and hybrid models, hits land only on blocks vLLM chose to
+    keep (replay boundaries), so nothing is counted as shared: the estimate is
+    an upper bound there.
+    """
+    pool, per_seq = sequence_peaks(spec, len(prompt_ids), max_tokens)
     shared: tuple[Hashable, ...] = ()
-    full = [i for i, g in enumerate(spec.groups) if g.kind == "full_attention"]
-    if spec.prefix_caching and len(spec.groups) == 1 and full:
-        # Plain attention models: the first sequence's full prompt blocks can come from
-        # another request. (n > 1 siblings and hybrid models are charged in full.)
+    if spec.prefix_caching and len(spec.groups) == 1 and spec.groups[0].kind == "full_attention":
         shared = prefix_keys(prompt_ids, spec.groups[0].block_size, cache_salt)
-    nbytes = sum(b * g.page_bytes_per_layer * g.num_layers for b, g in zip(per_group, spec.groups, strict=True))
-    return Footprint(blocks=blocks, bytes=nbytes, per_group=per_group, shared_keys=shared)
+    h = len(shared)
+    blocks = n * pool - (n - 1) * h
+    per_group = tuple(n * b - (n - 1) * h for b in per_seq)
+    return Footprint(blocks=blocks, bytes=blocks * spec.bytes_per_block, per_group=per_group, shared_keys=shared)
