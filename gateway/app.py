@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
 from gateway import errors
+from gateway import tokenizer as fast_tokenizer
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.deps import AppState, Counters
@@ -98,7 +100,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
             for model in settings.models:
                 engine = engine_factory(settings, model)
                 await engine.start()
-                served.append(ServedModel(settings=model, engine=engine, tokenizer=engine.tokenizer))
+                # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
+                tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer)
+                served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer))
             app.state.sparkgate = AppState(
                 settings=settings,
                 registry=ModelRegistry(served),

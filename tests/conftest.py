@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 API_KEY = "sk-test-key"
 OTHER_KEY = "sk-test-other"
+OTHER_MAX_CONTEXT = 256
 DENSE = "tiny-dense"
 MOE = "tiny-moe"
 STARTUP_TIMEOUT_S = 420
@@ -63,7 +64,11 @@ def test_config(tmp: Path, port: int) -> Path:
         "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
         "auth": {
             "required": True,
-            "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}, {"name": "other", "sha256": hash_key(OTHER_KEY)}],
+            "keys": [
+                {"name": "tester", "sha256": hash_key(API_KEY)},
+                # A key with its own limits: a short context and the batch class.
+                {"name": "other", "sha256": hash_key(OTHER_KEY), "max_context": OTHER_MAX_CONTEXT, "priority": "batch"},
+            ],
         },
         "models": [
             {

@@ -32,6 +32,7 @@ async def stats(state: State, caller: Caller) -> dict[str, Any]:
             "kv": dataclasses.asdict(m.engine.kv_spec),
             "inflight": state.counters.by_model_inflight.get(m.name, 0),
             "admission": dataclasses.asdict(state.admission.snapshot(m.name)),
+            "tokenizer": getattr(m.tokenizer, "backend", "huggingface"),
         }
     c = state.counters
     a = state.admission.metrics

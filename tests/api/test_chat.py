@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.conftest import DENSE, MOE
+from tests.conftest import DENSE, MOE, Server
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -231,3 +231,10 @@ async def test_concurrent_requests_on_both_models(aclient: openai.AsyncOpenAI) -
 
     counts = await asyncio.gather(*(one(DENSE if i % 2 else MOE, i) for i in range(8)))
     assert counts == [8] * 8
+
+
+def test_prompts_are_counted_with_tiktoken(server: Server) -> None:
+    """The gateway's encode runs on tiktoken for the Qwen tokenizer (verified equal to HF at
+    start-up); the usage tests above check its counts against an independent HF tokenizer."""
+    engines = server.stats()["engines"]
+    assert engines[DENSE]["tokenizer"] == "tiktoken" and engines[MOE]["tokenizer"] == "tiktoken"

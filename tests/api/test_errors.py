@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, Server
+from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, OTHER_KEY, OTHER_MAX_CONTEXT, Server
 
 
 def assert_error(
@@ -129,3 +129,22 @@ def test_raw_http_errors(server: Server) -> None:
 def test_health_needs_no_key(server: Server) -> None:
     r = httpx.get(f"{server.base_url}/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_key_context_limit_is_400_context_length_exceeded(server: Server) -> None:
+    other = openai.OpenAI(base_url=server.api, api_key=OTHER_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        other.chat.completions.create(model=DENSE, messages=MESSAGES_SHORT, max_tokens=OTHER_MAX_CONTEXT)
+    assert_error(e.value, 400, "context_length_exceeded")
+    assert f"maximum context length is {OTHER_MAX_CONTEXT} tokens" in e.value.response.json()["error"]["message"]
+    # Without max_tokens the key's context bounds the output instead.
+    r = other.chat.completions.with_raw_response.create(model=DENSE, messages=MESSAGES_SHORT, max_tokens=8)
+    assert r.status_code == 200
+
+
+def test_unknown_priority_class_is_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=DENSE, messages=MESSAGES_SHORT, max_tokens=4, extra_headers={"X-Sparkgate-Priority": "urgent"}
+        )
+    assert_error(e.value, 400, "invalid_priority")
