@@ -109,7 +109,10 @@ async def _admit(job: Job, state: AppState, request: Request) -> Ticket:
             watcher.cancel()
             with contextlib.suppress(BaseException):
                 await watcher
-    if acquire.cancelled():
+    if watcher.done() and not watcher.cancelled():
+        # The client left. The cancel may have lost a race with the admission: give it back.
+        if not acquire.cancelled() and acquire.exception() is None:
+            acquire.result().release()
         state.counters.client_disconnects += 1
         raise _ClientLeft
     return acquire.result()
