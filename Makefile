@@ -38,7 +38,9 @@ serve: models
 test: models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q tests
+	# The pure decision modules must stay fully branch-covered by their unit tests.
+	$(PY) -m pytest -q tests --cov=policies.admission --cov=policies.kv --cov=policies.memory_plan \
+		--cov-branch --cov-report=term-missing --cov-fail-under=100
 
 clean:
 	rm -rf $(VENV) models .cache .pytest_cache .mypy_cache .ruff_cache
