@@ -73,6 +73,7 @@ def admission_control(settings: Settings, served: list[ServedModel]) -> Admissio
             max_queued_tokens=a.max_queued_tokens,
             max_queued_per_user=a.max_queued_per_user,
             max_bypass=a.max_bypass,
+            max_scan=a.max_scan,
         ),
         timeouts_s={PRIORITY_CLASSES.index(name): t for name, t in a.queue_timeout_s.items()},
     )

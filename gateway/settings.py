@@ -136,6 +136,7 @@ class AdmissionSettings(_Model):
     max_queued_tokens: int = Field(4_000_000, ge=0)
     max_queued_per_user: int = Field(64, ge=0)
     max_bypass: int = Field(4, ge=0)
+    max_scan: int = Field(16, ge=1)
     per_user_max_concurrency: int | None = Field(None, ge=1)
     queue_timeout_s: dict[PriorityClass, float] = Field(default_factory=lambda: dict(_DEFAULT_QUEUE_TIMEOUT_S))
     priority_header: str = "X-Sparkgate-Priority"

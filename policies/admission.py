@@ -34,6 +34,7 @@ DEFAULT_MAX_QUEUED = 256
 DEFAULT_MAX_QUEUED_TOKENS = 4_000_000
 DEFAULT_MAX_QUEUED_PER_USER = 64
 DEFAULT_MAX_BYPASS = 4
+DEFAULT_MAX_SCAN = 16
 
 
 class RejectReason(Enum):
@@ -121,6 +122,9 @@ class QueueLimits:
     max_queued_tokens: int = DEFAULT_MAX_QUEUED_TOKENS
     max_queued_per_user: int = DEFAULT_MAX_QUEUED_PER_USER
     max_bypass: int = DEFAULT_MAX_BYPASS
+    # Heads that do not fit, looked at per pass before giving up: keeps a decision
+    # O(log users) when thousands of users wait on a full pool.
+    max_scan: int = DEFAULT_MAX_SCAN
 
 
 @dataclass(slots=True)
@@ -508,7 +512,11 @@ class Admission:
                     failed.append(head)
                     skipped.append(item)
                     # Out of slots: nothing fits. Bypassed often enough: drain the pool for it.
-                    if head.bypassed >= self.limits.max_bypass or pool.sequences >= pool.limits.max_sequences:
+                    if (
+                        head.bypassed >= self.limits.max_bypass
+                        or pool.sequences >= pool.limits.max_sequences
+                        or len(failed) >= self.limits.max_scan
+                    ):
                         break
                     continue
                 for f in failed:

@@ -402,3 +402,17 @@ def test_user_running_counts_each_job() -> None:
     offer(a, two)
     a.release(one.id)
     assert a.user_running("u") == 1
+
+
+def test_scan_gives_up_after_max_scan_misfits() -> None:
+    a = make(blocks=10, slots=10, max_scan=2, max_bypass=100)
+    offer(a, demand("a", blocks=9))
+    for u in ("b", "c"):
+        assert isinstance(offer(a, demand(u, blocks=5)), Queue)
+    # Two heads that do not fit are enough to stop looking: a small one behind them waits.
+    assert isinstance(offer(a, demand("d", blocks=1)), Queue)
+    b = make(blocks=10, slots=10, max_scan=3, max_bypass=100)
+    offer(b, demand("a", blocks=9))
+    for u in ("b", "c"):
+        offer(b, demand(u, blocks=5))
+    assert isinstance(offer(b, demand("d", blocks=1)), Admit)
