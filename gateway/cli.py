@@ -59,6 +59,7 @@ def serve(
         port=server.port,
         log_level=server.log_level,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(server.keep_alive_s),
     )
 
 

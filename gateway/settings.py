@@ -48,6 +48,9 @@ class ServerSettings(_Model):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Idle keep-alive, longer than clients' pool expiry (httpx, so the openai SDK: 5 s):
+    # otherwise a client may reuse a connection just as the server closes it.
+    keep_alive_s: float = Field(75.0, gt=0)
     # Where vLLM, torch and HF write caches; kept inside the tree by default.
     cache_dir: str = ".cache"
 

@@ -106,7 +106,9 @@ def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
-        start_new_session=True,
+        # Its own process group (killpg below), but the same session: on this kernel a busy
+        # engine in another session (autogroup) can stall the test client for seconds.
+        process_group=0,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
