@@ -217,33 +217,8 @@ def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-DEFAULT_MODELS: dict[str, TinyModelSpec] = {
-    "tiny-qwen3": TinyModelSpec(architecture="qwen3", with_weights=True),
-    "tiny-qwen3-moe": TinyModelSpec(architecture="qwen3_moe"),
-    "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
-}
-
-
-def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
-    """Build the tokenizer once and each named model dir under `root` (idempotent)."""
-    tokenizer_dir = root / "_tokenizer-qwen3"
-    if force or not (tokenizer_dir / "tokenizer_config.json").exists():
-        build_tokenizer(tokenizer_dir)
-    written = []
-    for name in names or list(DEFAULT_MODELS):
-        out = root / name
-        marker = out / ".complete"
-        if force or not marker.exists():
-            t0 = time.monotonic()
-            write_model(out, DEFAULT_MODELS[name], tokenizer_dir)
-            marker.write_text(f"{time.monotonic() - t0:.1f}s\n")
-        written.append(out)
-    return written
-
-
 # --- Sliding-window variants (config only: load them with load_format="dummy") ---
-# Added for the KV-cache probe (tests/integration/kv_probe.py). Kept apart from
-# ARCHITECTURES/DEFAULT_MODELS so `prepare()` builds exactly what it did before.
+# For the KV exactness tests (tests/integration/test_kv_exact.py).
 
 SLIDING_WINDOW = 256
 
@@ -277,36 +252,29 @@ EXTRA_ARCHITECTURES: dict[str, dict[str, Any]] = {
         attn_logit_softcapping=None,
     ),
 }
+ARCHITECTURES.update(EXTRA_ARCHITECTURES)
 
-EXTRA_MODELS: dict[str, str] = {
-    "tiny-qwen3-swa": "qwen3_swa",
-    "tiny-gemma3-swa": "gemma3_swa",
+DEFAULT_MODELS: dict[str, TinyModelSpec] = {
+    "tiny-qwen3": TinyModelSpec(architecture="qwen3", with_weights=True),
+    "tiny-qwen3-moe": TinyModelSpec(architecture="qwen3_moe"),
+    "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
+    "tiny-qwen3-swa": TinyModelSpec(architecture="qwen3_swa"),
+    "tiny-gemma3-swa": TinyModelSpec(architecture="gemma3_swa"),
 }
 
 
-def write_extra_model(out: Path, architecture: str, tokenizer_dir: Path) -> None:
-    """Write a config-only model dir for a key of EXTRA_ARCHITECTURES (no weights)."""
-    cfg = dict(EXTRA_ARCHITECTURES[architecture], transformers_version="5.19.0")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    gen = {"eos_token_id": [EOS_TOKEN_ID, PAD_TOKEN_ID], "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(gen))
-
-
-def prepare_extra(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
-    """Build the tokenizer once and each named EXTRA_MODELS dir under `root` (idempotent)."""
+def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
+    """Build the tokenizer once and each named model dir under `root` (idempotent)."""
     tokenizer_dir = root / "_tokenizer-qwen3"
     if force or not (tokenizer_dir / "tokenizer_config.json").exists():
         build_tokenizer(tokenizer_dir)
     written = []
-    for name in names or list(EXTRA_MODELS):
+    for name in names or list(DEFAULT_MODELS):
         out = root / name
         marker = out / ".complete"
         if force or not marker.exists():
-            write_extra_model(out, EXTRA_MODELS[name], tokenizer_dir)
-            marker.write_text("config only\n")
+            t0 = time.monotonic()
+            write_model(out, DEFAULT_MODELS[name], tokenizer_dir)
+            marker.write_text(f"{time.monotonic() - t0:.1f}s\n")
         written.append(out)
     return written

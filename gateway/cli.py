@@ -69,9 +69,9 @@ def prepare_models(
     force: Annotated[bool, typer.Option(help="Rebuild even if present")] = False,
 ) -> None:
     """Build the tiny local models (real Qwen tokenizer, random weights); no download."""
-    from engine_adapter.tiny_model import prepare, prepare_extra
+    from engine_adapter.tiny_model import prepare
 
-    for path in [*prepare(root, force=force), *prepare_extra(root, force=force)]:
+    for path in prepare(root, force=force):
         typer.echo(f"ready: {path}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -95,6 +96,20 @@ def test_config(tmp: Path, port: int) -> Path:
     path = tmp / "sparkgate-test.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def open_post(server: Server, path: str, payload: dict, key: str = API_KEY) -> socket.socket:  # type: ignore[type-arg]
+    """POST over a raw socket, so the test decides exactly when the client hangs up
+    (an HTTP client may read on, or drain the body, before it closes)."""
+    body = json.dumps(payload).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
 
 
 @contextlib.contextmanager

@@ -7,14 +7,13 @@ frontend) is idle within seconds of the disconnect.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, DENSE, Server
+from tests.conftest import API_KEY, DENSE, Server, open_post
 
 MAX_TOKENS = 32000  # over a minute of work for the tiny CPU model if nothing aborts it
 LONG = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 1.0}
@@ -46,17 +45,7 @@ def test_full_request_generates_max_tokens(server: Server) -> None:
 
 
 def open_request(server: Server, payload: dict) -> socket.socket:  # type: ignore[type-arg]
-    """POST over a raw socket, so the test decides exactly when the client hangs up
-    (an HTTP client may read on, or drain the body, before it closes)."""
-    body = json.dumps(payload).encode()
-    host, port = server.base_url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    return sock
+    return open_post(server, "/v1/chat/completions", payload)
 
 
 def test_stream_disconnect_aborts_engine_request(server: Server) -> None:

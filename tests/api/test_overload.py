@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Server, free_port, launch, open_post
 
 MODEL = "tiny-small-kv"
 KEYS = {"heavy": "sk-heavy", "light": "sk-light", "third": "sk-third"}
@@ -184,17 +184,8 @@ async def test_queue_timeout_and_leaving_while_queued(small: Server) -> None:
 
 
 def open_completion(server: Server, seed: int) -> socket.socket:
-    import json
-
-    body = json.dumps({"model": MODEL, "prompt": prompt(seed), "max_tokens": MAX_TOKENS}).encode()
-    host, port = server.base_url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {KEYS['third']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    return sock
+    payload = {"model": MODEL, "prompt": prompt(seed), "max_tokens": MAX_TOKENS}
+    return open_post(server, "/v1/completions", payload, KEYS["third"])
 
 
 async def test_request_larger_than_the_pool_is_refused(small: Server) -> None:
