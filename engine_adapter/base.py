@@ -138,6 +138,7 @@ class KVSpec:
     prefix_caching: bool
     max_num_seqs: int  # sequences the scheduler runs at once
     max_num_batched_tokens: int = 0  # the scheduler's token budget per step (prefill chunk size)
+    async_scheduling: bool = False  # the scheduler plans step k+1 while step k runs (CUDA builds)
 
     @property
     def usable_blocks(self) -> int:

@@ -183,6 +183,7 @@ def kv_spec_from_config(vllm_config: Any) -> KVSpec:
         prefix_caching=prefix,
         max_num_seqs=int(sc.max_num_seqs),
         max_num_batched_tokens=int(sc.max_num_batched_tokens),
+        async_scheduling=bool(getattr(sc, "async_scheduling", False)),
     )
 
 

@@ -10,7 +10,8 @@ scheduler; docs/kv-footprint.md has the rules and their sources):
 - sliding window frees blocks that fall wholly out of the window as decoding
   moves on; its peak is the prefill chunk or the steady decode window;
 - linear attention (Mamba/GDN) holds one state block ("none"), or in "align"
-  mode two for one step each time it crosses into a new block;
+  mode two for one step each time it crosses into a new block (more under
+  asynchronous scheduling, bounded from measurements on CUDA vLLM);
 - prefix caching reuses whole blocks whose token chain from the start is
   identical, at most P - 1 tokens' worth; hit blocks that a live request
   holds cost nothing, others come off the free list and cost one each.
@@ -76,11 +77,19 @@ def _steps(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> list[tuple[int,
     return steps
 
 
-def _held(group: KVGroup, c: int, k: int, full_blocks: int) -> int:
+def _held(group: KVGroup, c: int, k: int, full_blocks: int, spec: KVSpec) -> int:
     if group.kind == "linear_attention":
-        # One state block; "align" keeps the previous one for the step that crosses into a
-        # new block, which is also the step the attention groups reach their peak.
-        return 2 if group.mamba_mode == "align" and full_blocks > 1 else 1
+        if group.mamba_mode != "align" or full_blocks == 1:
+            return 1  # one state block
+        if not spec.async_scheduling:
+            # "align" keeps the previous state block for the step that crosses into a new
+            # block, which is also the step the attention groups reach their peak (measured, 0.32).
+            return 2
+        # Asynchronous scheduling (CUDA builds) was measured holding more while a chunked
+        # prefill crosses several blocks: 3 of 1056-token and 4 of 784-token blocks with
+        # 2048-token chunks (H200, vLLM 0.26). Bound: the blocks one chunk spans, plus two.
+        chunk = spec.max_num_batched_tokens or full_blocks * group.block_size
+        return min(full_blocks, 2 + cdiv(chunk, group.block_size))
     if group.kind == "sliding_window" and group.sliding_window:
         return _sliding_held(group, c, k)
     return cdiv(c + k, group.block_size)
@@ -95,12 +104,12 @@ def sequence_peaks(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> tuple[i
     tokens = peak_tokens(prompt_tokens, max_tokens)
     fulls = [cdiv(tokens, g.block_size) for g in spec.groups]
     if not any(g.kind == "sliding_window" and g.sliding_window for g in spec.groups):
-        peaks = tuple(_held(g, 0, tokens, f) for g, f in zip(spec.groups, fulls, strict=True))
+        peaks = tuple(_held(g, 0, tokens, f, spec) for g, f in zip(spec.groups, fulls, strict=True))
         return sum(peaks), peaks
     per_group = [0] * len(spec.groups)
     pool = 0
     for c, k in _steps(spec, prompt_tokens, max_tokens):
-        held = [_held(g, c, k, f) for g, f in zip(spec.groups, fulls, strict=True)]
+        held = [_held(g, c, k, f, spec) for g, f in zip(spec.groups, fulls, strict=True)]
         per_group = [max(a, b) for a, b in zip(per_group, held, strict=True)]
         pool = max(pool, sum(held))
     return pool, tuple(per_group)

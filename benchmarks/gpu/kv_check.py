@@ -1,0 +1,152 @@
+"""GPU check: on CUDA vLLM (0.26 on the lent H200), for the real Qwen3.6 shapes (hybrid:
+linear attention + full attention, stretched blocks), the KV spec sparkgate derives from the
+running engine's config equals the engine's own KV cache config, and the peak pool blocks of a
+single request never exceed `policies.kv.footprint` (equal where the rule is exact; the
+asynchronous scheduler's hybrid bound may be over by a block per state group).
+
+    python3 benchmarks/gpu/kv_check.py OUT_DIR            # all cases, one engine each (subprocesses)
+    python3 benchmarks/gpu/kv_check.py OUT_DIR --case NAME
+
+Dummy weights, no tokenizer (prompts are ids), engine core in-process so the scheduler's block
+pool can be read. Writes OUT_DIR/kv_check_NAME.json per case and prints one line per check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = Path(__file__).resolve().parent / "shapes"
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3.6-35b-a3b": ("qwen3.6-35b-a3b.config.json", {}),
+    # FP8 KV doubles the stretched block (2096 tokens); align mode needs chunks at least that long.
+    "qwen3.6-35b-a3b-fp8": ("qwen3.6-35b-a3b.config.json", {"kv_cache_dtype": "fp8", "max_num_batched_tokens": 4096}),
+    "qwen3.6-27b": ("qwen3.6-27b.config.json", {}),
+}
+# (prompt, max_tokens): around the stretched block sizes (1056 / 784 / 2096 / 1568 tokens)
+REQUESTS = [(100, 30), (1056, 1), (1057, 1), (2113, 64), (4300, 64)]
+
+
+def run_case(name: str, out: Path) -> dict[str, Any]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    sys.path.insert(0, str(ROOT))
+    from vllm import EngineArgs, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from engine_adapter.vllm_local import kv_spec_from_config
+    from policies.kv import footprint
+
+    shape, extra = CASES[name]
+    mdir = Path("/tmp/models") / name
+    mdir.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((SHAPES / shape).read_text())
+    (mdir / "config.json").write_text(json.dumps(cfg))
+    vocab = cfg.get("text_config", cfg)["vocab_size"]
+    t0 = time.monotonic()
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(
+            model=str(mdir),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype="bfloat16",
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            max_num_seqs=8,
+            max_model_len=16384,
+            kv_cache_memory_bytes=4 * 1024**3,
+            language_model_only=True,
+            gdn_prefill_backend="triton",
+            seed=0,
+            **extra,
+        )
+    )
+    res: dict[str, Any] = {"case": name, "startup_s": round(time.monotonic() - t0, 1), "checks": []}
+    spec = kv_spec_from_config(engine.vllm_config)
+    core = engine.engine_core.engine_core
+    sched = core.scheduler
+    mgr = sched.kv_cache_manager
+    pool = mgr.block_pool
+    kcfg = mgr.kv_cache_config
+    usable = pool.num_gpu_blocks - 1
+    real_groups = sorted(
+        (type(g.kv_cache_spec).__name__, len(g.layer_names), int(g.kv_cache_spec.block_size))
+        for g in kcfg.kv_cache_groups
+    )
+    kind = {"full_attention": "FullAttentionSpec", "linear_attention": "MambaSpec"}
+    ours = sorted((kind.get(g.kind, g.kind), g.num_layers, g.block_size) for g in spec.groups)
+    res["engine"] = {
+        "num_gpu_blocks": pool.num_gpu_blocks,
+        "block_size": engine.vllm_config.cache_config.block_size,
+        "groups": real_groups,
+        "async_scheduling": bool(getattr(engine.vllm_config.scheduler_config, "async_scheduling", False)),
+        "scheduler": type(sched).__name__,
+        "mamba_cache_mode": str(getattr(engine.vllm_config.cache_config, "mamba_cache_mode", None)),
+    }
+    res["derived"] = {
+        "num_blocks": spec.num_blocks,
+        "block_size": spec.block_size,
+        "groups": ours,
+        "bytes_per_block": spec.bytes_per_block,
+    }
+
+    def check(label: str, measured: Any, predicted: Any, bound: bool = False) -> None:
+        ok = measured <= predicted if bound else measured == predicted
+        res["checks"].append({"check": label, "measured": measured, "predicted": predicted, "ok": ok})
+        print(f"[{name}] {'OK ' if ok else 'BAD'} {label}: measured {measured}, predicted {predicted}", flush=True)
+
+    check("num_blocks", pool.num_gpu_blocks, spec.num_blocks)
+    check("block size", engine.vllm_config.cache_config.block_size, spec.block_size)
+    check("groups (spec class, layers, block size)", [list(g) for g in real_groups], [list(g) for g in ours])
+    check("kv bytes // bytes_per_block == num_blocks", spec.kv_cache_bytes // spec.bytes_per_block, spec.num_blocks)
+
+    peak = [0]
+    original = sched.schedule
+
+    def schedule(*a: Any, **k: Any) -> Any:
+        out_ = original(*a, **k)
+        peak[0] = max(peak[0], usable - pool.get_num_free_blocks())
+        return out_
+
+    sched.schedule = schedule
+    rng = random.Random(7)
+    for i, (p, m) in enumerate(REQUESTS):
+        mgr.reset_prefix_cache()
+        ids = [rng.randrange(1000, vocab - 1000) for _ in range(p)]
+        peak[0] = 0
+        params = SamplingParams(max_tokens=m, ignore_eos=True, detokenize=False, temperature=0.0)
+        engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=ids), params)
+        n = 0
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                n += len(o.outputs[0].token_ids) if o.outputs else 0
+        check(f"P={p} M={m} peak pool blocks <= footprint", peak[0], footprint(spec, ids, m).blocks, bound=True)
+    res["ok"] = all(c["ok"] for c in res["checks"])
+    (out / f"kv_check_{name}.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--case", choices=list(CASES))
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.case:
+        return 0 if run_case(a.case, a.out)["ok"] else 1
+    rc = 0
+    for name in CASES:  # one engine per process: a GPU engine does not free all memory on shutdown
+        rc |= subprocess.run([sys.executable, __file__, str(a.out), "--case", name]).returncode
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
