@@ -280,6 +280,7 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
         sequences=len(job.requests) * job.n,
         private_blocks=private,
         shared_keys=shared,
+        resume_at_end_only=kv.resumes_at_end(spec),
         tokens=sum(len(p) + r.sampling.max_tokens * job.n for p, r in zip(job.prompts, job.requests, strict=True)),
         user_max_running=user_max_running,
     )

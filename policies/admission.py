@@ -75,6 +75,9 @@ class Demand:
     # hold (vLLM reuses whole blocks hashed from the start): each costs a block
     # unless an admitted, prefilled request holds it.
     shared_keys: tuple[Hashable, ...] = ()
+    # Hybrid (linear-attention) models: the engine can resume only where a state was
+    # cached, i.e. at the end of a live request's shared keys (its replay boundary).
+    resume_at_end_only: bool = False
     tokens: int = 0  # what it counts against the queue's token bound
     user_max_running: int | None = None  # the user's concurrency cap (jobs)
 
@@ -131,6 +134,7 @@ class QueueLimits:
 class _Block:
     refs: int
     ready: bool  # its owner's prefill is done: a new request will hit it
+    resumes: int = 0  # holders whose cached state ends here (hybrid models resume only there)
 
 
 @dataclass(slots=True)
@@ -188,12 +192,15 @@ class _Pool:
     def hits(self, d: Demand) -> int:
         """Leading shared keys held by admitted, prefilled requests (a chain: stop at the first miss)."""
         n = 0
+        resumable = 0
         for k in d.shared_keys:
             b = self.table.get(k)
             if b is None or not b.ready:
                 break
             n += 1
-        return n
+            if b.resumes:
+                resumable = n
+        return resumable if d.resume_at_end_only else n
 
     def cost(self, d: Demand) -> tuple[int, int]:
         hits = self.hits(d)
@@ -254,6 +261,9 @@ class Admission:
         h = pool.holdings.pop(job_id)
         pool.private -= h.private
         pool.sequences -= h.demand.sequences
+        last = h.demand.shared_keys[-1] if h.demand.shared_keys else None
+        if last is not None and last in pool.table:
+            pool.table[last].resumes -= 1
         for k in h.keys:
             b = pool.table[k]
             b.refs -= 1
@@ -475,6 +485,8 @@ class Admission:
             else:
                 dup.append(k)
                 private += 1
+        if d.shared_keys and d.shared_keys[-1] in pool.table:
+            pool.table[d.shared_keys[-1]].resumes += 1  # its state will be cached at its last key
         pool.private += private
         pool.sequences += d.sequences
         pool.holdings[d.id] = _Holding(d, private, keys, owned, dup, hits)

@@ -132,6 +132,18 @@ def prefix_keys(token_ids: Sequence[int], block_size: int, cache_salt: str | Non
     return tuple(keys)
 
 
+def sharable(spec: KVSpec) -> bool:
+    """Whether hits on a live request's prompt blocks are predictable: full attention alone,
+    or with linear attention (hits then land only where a state was cached: `resumes_at_end`)."""
+    kinds = {g.kind for g in spec.groups}
+    return "full_attention" in kinds and "sliding_window" not in kinds
+
+
+def resumes_at_end(spec: KVSpec) -> bool:
+    """Hybrid models cache a request's state only at its replay boundary (the end of its keys)."""
+    return any(g.kind == "linear_attention" for g in spec.groups)
+
+
 def footprint(
     spec: KVSpec,
     prompt_ids: Sequence[int],
@@ -142,17 +154,17 @@ def footprint(
 ) -> Footprint:
     """Worst-case blocks for a request of `n` sequences over one prompt.
 
-    Sharing is predicted where vLLM's hits are certain: models whose only group
-    is full attention. There, the n sequences share the prompt's whole blocks
-    (siblings hit them in the same step), and so may another live request. For
-    sliding-window and hybrid models, hits land only on blocks vLLM chose to
-    keep (replay boundaries), so nothing is counted as shared: the estimate is
-    an upper bound there.
+    Sharing is predicted where vLLM's hits are certain: the n sequences share the
+    prompt's whole blocks, and so may another live request. On hybrid models a
+    hit shares the attention blocks up to a live request's replay boundary (the
+    admission ledger checks for one); its state block is revived, and paid for,
+    as part of the request's own blocks. Sliding-window models predict no
+    sharing: an upper bound.
     """
     pool, per_seq = sequence_peaks(spec, len(prompt_ids), max_tokens)
     shared: tuple[Hashable, ...] = ()
-    if spec.prefix_caching and len(spec.groups) == 1 and spec.groups[0].kind == "full_attention":
-        shared = prefix_keys(prompt_ids, spec.groups[0].block_size, cache_salt)
+    if spec.prefix_caching and sharable(spec):
+        shared = prefix_keys(prompt_ids, spec.block_size, cache_salt)
     h = len(shared)
     blocks = n * pool - (n - 1) * h
     per_group = tuple(n * b - (n - 1) * h for b in per_seq)

@@ -416,3 +416,21 @@ def test_scan_gives_up_after_max_scan_misfits() -> None:
     for u in ("b", "c"):
         offer(b, demand(u, blocks=5))
     assert isinstance(offer(b, demand("d", blocks=1)), Admit)
+
+
+def test_hybrid_hits_only_at_a_live_replay_boundary() -> None:
+    """Measured (tiny Qwen3-Next, 640-token blocks): B sharing 1300 tokens with a running
+    A of 1400 hit 1280 = A's replay boundary, and took 2 attention blocks from A for free."""
+    a = make(blocks=50)
+    owner = Demand(id="A", pool="m", user="a", private_blocks=3, shared_keys=("k0", "k1"), resume_at_end_only=True)
+    offer(a, owner)
+    a.prefilled("A")
+    same = Demand(id="B", pool="m", user="b", private_blocks=3, shared_keys=("k0", "k1"), resume_at_end_only=True)
+    assert offer(a, same) == Admit("B", 3, 2)
+    # A prompt that stops between the owner's blocks has no state to resume from: no hit.
+    short = Demand(id="C", pool="m", user="c", private_blocks=3, shared_keys=("k0",), resume_at_end_only=True)
+    assert offer(a, short) == Admit("C", 4, 0)  # k0 is in the table: C pays for a duplicate
+    a.release("A")
+    a.release("B")
+    a.release("C")
+    assert a.snapshot("m").used_blocks == 0

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from engine_adapter.base import KVGroup, KVSpec
-from policies.kv import footprint, prefix_keys, sequence_blocks
+from policies.kv import footprint, prefix_keys, resumes_at_end, sequence_blocks
 
 
 def spec(*groups: KVGroup, block: int = 128, prefix: bool = True, chunk: int = 2048) -> KVSpec:
@@ -64,7 +64,7 @@ def test_sliding_window_peak(p: int, m: int, chunk: int, blocks: int) -> None:
 @pytest.mark.parametrize(("p", "m", "blocks"), [(641, 1, 4), (700, 600, 5), (1300, 30, 5), (2000, 5, 6), (100, 10, 2)])
 def test_hybrid_align_peak_is_attention_plus_two(p: int, m: int, blocks: int) -> None:
     fp = footprint(spec(ATTN_640, MAMBA_ALIGN, block=640), ids(p), m)
-    assert fp.blocks == blocks and fp.shared_keys == ()  # hybrids predict no sharing: an upper bound
+    assert fp.blocks == blocks and len(fp.shared_keys) == (p - 1) // 640  # attention blocks up to the replay boundary
 
 
 def test_hybrid_none_holds_one_state_block() -> None:
@@ -103,8 +103,12 @@ def test_no_sharing_without_prefix_caching() -> None:
     assert (fp.blocks, fp.shared_keys) == (6, ())
 
 
-def test_hybrid_n_is_charged_per_sequence() -> None:
-    assert footprint(spec(ATTN_640, MAMBA_ALIGN, block=640), ids(700), 600, n=2).blocks == 10
+def test_hybrid_siblings_share_attention_blocks_up_to_the_replay_boundary() -> None:
+    assert footprint(spec(ATTN_640, MAMBA_ALIGN, block=640), ids(700), 600, n=2).blocks == 2 * 5 - 1
+
+
+def test_sliding_window_predicts_no_sharing() -> None:
+    assert footprint(spec(FULL, SWA), ids(1500), 20).shared_keys == ()
 
 
 def test_groups_peaking_at_different_steps_are_not_summed_at_their_peaks() -> None:
@@ -133,3 +137,7 @@ def _qwen36(block: int, layers: int) -> KVSpec:
 def test_async_hybrid_bound_covers_what_the_gpu_held(block: int, layers: int, p: int, m: int, measured: int) -> None:
     predicted = footprint(_qwen36(block, layers), ids(p), m).blocks
     assert measured <= predicted <= measured + 3  # never under; at most one block per state group over
+
+
+def test_only_hybrids_resume_at_the_end_of_their_keys() -> None:
+    assert resumes_at_end(spec(ATTN_640, MAMBA_ALIGN, block=640)) and not resumes_at_end(spec(FULL))
