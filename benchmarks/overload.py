@@ -610,14 +610,14 @@ def admission_cost(users: int, per_user: int, slots: int, ops: int, cal_k: int, 
     running: list[str] = []
     for i in range(cal_k):  # fill the pool
         d = demand(f"runner{i}")
-        decision, _ = adm.offer(d, 0.0)
+        decision, _ = adm.offer(d)
         assert isinstance(decision, Admit)
         running.append(d.id)
     queued: list[str] = []  # ids, for random picks
     where: dict[str, tuple[int, str]] = {}  # id -> (index in queued, user)
 
     def add(d: Demand) -> None:
-        decision, others = adm.offer(d, 0.0)
+        decision, others = adm.offer(d)
         assert isinstance(decision, Queue) and not others, decision
         where[d.id] = (len(queued), d.user)
         queued.append(d.id)
@@ -645,7 +645,7 @@ def admission_cost(users: int, per_user: int, slots: int, ops: int, cal_k: int, 
             # offer (one that queues): a new entry; then cancel it (untimed)
             d = demand(f"user{j % users}" if per_user > 1 else f"newcomer{j}")
             t = clock()
-            decision, _ = adm.offer(d, 0.0)
+            decision, _ = adm.offer(d)
             ns["offer"].append(clock() - t)
             assert isinstance(decision, Queue)
             adm.cancel(d.id)

@@ -92,7 +92,7 @@ class AdmissionControl:
     async def acquire(self, demand: Demand) -> Ticket:
         """Wait for room; raise the client-facing error when the answer is no."""
         t0 = self._clock()
-        decision, others = self.state.offer(demand, t0)
+        decision, others = self.state.offer(demand)
         self._dispatch(others)
         if isinstance(decision, Reject):
             raise self._error(decision, demand.pool)

@@ -286,11 +286,18 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
     )
 
 
-async def _checked(stream: AsyncIterator[EngineChunk]) -> AsyncIterator[EngineChunk]:
+async def _checked(
+    stream: AsyncIterator[EngineChunk], on_prefill: Callable[[int], None] | None = None
+) -> AsyncIterator[EngineChunk]:
+    """Engine chunks; an engine-side abort becomes a 503. `on_prefill` gets the first
+    chunk's cached-token count (the prompt is in the engine's cache by then)."""
     async for chunk in stream:
         for c in chunk.choices:
             if c.finish_reason == "abort":
                 raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
+        if on_prefill is not None:
+            on_prefill(chunk.num_cached_tokens)
+            on_prefill = None
         yield chunk
 
 
@@ -302,19 +309,14 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
     """
     engine = job.served.engine
     if len(job.requests) == 1:
-        first = True
-        async for chunk in _checked(engine.generate(job.requests[0])):
-            if first:
-                first = False
-                if job.on_prefill is not None:
-                    job.on_prefill(chunk.num_cached_tokens)
+        async for chunk in _checked(engine.generate(job.requests[0]), job.on_prefill):
             yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
 
     async def pump(i: int, request: EngineRequest) -> None:
         try:
-            async for chunk in _checked(engine.generate(request)):
+            async for chunk in _checked(engine.generate(request), job.on_prefill if i == 0 else None):
                 await queue.put((i, chunk))
         except asyncio.CancelledError:
             raise
@@ -324,7 +326,6 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
             await queue.put(None)
 
     tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(job.requests)]
-    prefilled = False
     try:
         remaining = len(tasks)
         while remaining:
@@ -334,10 +335,6 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
             elif isinstance(item, BaseException):
                 raise item
             else:
-                if item[0] == 0 and not prefilled:
-                    prefilled = True
-                    if job.on_prefill is not None:
-                        job.on_prefill(item[1].num_cached_tokens)
                 yield item
     finally:
         for t in tasks:

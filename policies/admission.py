@@ -1,7 +1,7 @@
 """Admission: may a request start now, wait in the queue, or must it be turned away?
 
 A deterministic state machine, in the style of vLLM's scheduler and TGI's
-queue: methods take values (a `Demand`, the time `now`) and return values
+queue: methods take values (a `Demand`, a job id) and return values
 (`Admit`, `Queue`, `Reject`); it never sleeps, reads a clock or does I/O. The
 async shell in `gateway/admission.py` owns the futures and timers.
 
@@ -220,7 +220,7 @@ class Admission:
 
     # -- requests --------------------------------------------------------------
 
-    def offer(self, d: Demand, now: float) -> tuple[Decision, list[Admit | Reject]]:
+    def offer(self, d: Demand) -> tuple[Decision, list[Admit | Reject]]:
         """A new job. Returns its decision and what else changed (entries displaced from the queue)."""
         pool = self._pools[d.pool]
         if pool.closed:

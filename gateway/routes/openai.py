@@ -25,6 +25,12 @@ router = APIRouter(prefix="/v1")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+async def _client_left(request: Request) -> None:
+    """Return when the client disconnects. The body was read, so the next message can only be that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @contextlib.asynccontextmanager
 async def _on_disconnect(request: Request, job: Job, counters: Counters) -> AsyncIterator[asyncio.Task[None]]:
     """While the body is being produced, watch for the client leaving and then
@@ -33,9 +39,7 @@ async def _on_disconnect(request: Request, job: Job, counters: Counters) -> Asyn
     iterating without closing it, and it is finalized only when collected."""
 
     async def watch() -> None:
-        # The body was read, so the next message can only be the disconnect.
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+        await _client_left(request)
         counters.client_disconnects += 1
         log.info("client went away: aborting %s", job.id)
         await abort(job)
@@ -92,12 +96,7 @@ async def _admit(job: Job, state: AppState, request: Request) -> Ticket:
         user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
     )
     acquire = asyncio.ensure_future(state.admission.acquire(demand))
-
-    async def left() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(left())
+    watcher = asyncio.ensure_future(_client_left(request))
     try:
         await asyncio.wait([acquire, watcher], return_when=asyncio.FIRST_COMPLETED)
     finally:

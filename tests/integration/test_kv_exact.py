@@ -135,9 +135,9 @@ def test_prefix_hit_on_a_running_request_is_predicted(engine: tuple[str, KVProbe
     )
     ledger = _ledger(spec)
     a, b = _demand(spec, a_prompt, 40), _demand(spec, b_prompt, 40)
-    admit_a, _ = ledger.offer(a, 0)
+    admit_a, _ = ledger.offer(a)
     ledger.prefilled(a.id)
-    admit_b, _ = ledger.offer(b, 0)
+    admit_b, _ = ledger.offer(b)
     assert isinstance(admit_a, Admit) and isinstance(admit_b, Admit)
     assert admit_b.shared_blocks == rb.shared_hit_blocks == rb.hit_tokens // spec.block_size > 0
     # Blocks B took from the pool: new ones and (hybrid) its state block revived from the cache.
@@ -162,8 +162,8 @@ def test_same_step_twins_are_reconciled_to_the_engine(engine: tuple[str, KVProbe
     ledger = _ledger(spec)
     a = _demand(spec, prompt, 40)
     b = Demand(id="twin", pool="m", user="v", private_blocks=a.private_blocks, shared_keys=a.shared_keys)
-    ledger.offer(a, 0)
-    ledger.offer(b, 0)
+    ledger.offer(a)
+    ledger.offer(b)
     assert ledger.snapshot("m").used_blocks == 2 * footprint(spec, prompt, 40).blocks  # worst case first
     ledger.prefilled(a.id)
     ledger.prefilled(b.id)

@@ -50,7 +50,7 @@ def make(blocks: int = 10, slots: int = 4, **limits: int) -> Admission:
 
 
 def offer(a: Admission, d: Demand) -> Admit | Queue | Reject:
-    decision, _ = a.offer(d, 0.0)
+    decision, _ = a.offer(d)
     return decision
 
 
@@ -128,7 +128,7 @@ def test_full_queue_displaces_the_heaviest_user_not_the_light_newcomer() -> None
     for d in queued:
         offer(a, d)
     light = demand("light")
-    decision, others = a.offer(light, 0.0)
+    decision, others = a.offer(light)
     assert isinstance(decision, Queue)
     assert len(others) == 1 and isinstance(others[0], Reject)
     assert others[0].id == queued[-1].id and others[0].reason is RejectReason.DISPLACED
@@ -143,7 +143,7 @@ def test_displacement_respects_classes_and_token_bound() -> None:
     offer(a, demand("batch", priority=1))
     offer(a, demand("batch", priority=1))
     # An urgent newcomer displaces a batch entry even from a user with equal counts.
-    decision, others = a.offer(demand("y", priority=0), 0.0)
+    decision, others = a.offer(demand("y", priority=0))
     assert isinstance(decision, Queue) and len(others) == 1
     # A batch newcomer cannot displace an interactive one.
     b = make(blocks=1, max_queued=1)
@@ -391,7 +391,7 @@ def test_displacement_picks_the_heaviest_of_several_users() -> None:
     heavy = [demand("heavy") for _ in range(3)]
     for d in (*heavy, demand("mid"), demand("mid")):
         offer(a, d)
-    decision, others = a.offer(demand("light"), 0.0)
+    decision, others = a.offer(demand("light"))
     assert isinstance(decision, Queue) and [o.id for o in others] == [heavy[-1].id]
 
 
