@@ -16,8 +16,9 @@ from gateway import tokenizer as fast_tokenizer
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.deps import AppState, Counters
+from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
-from gateway.routes import openai, ops
+from gateway.routes import admin, openai, ops
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
 from policies.admission import PoolLimits, QueueLimits
 
@@ -97,7 +98,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served: list[ServedModel] = []
+        quota = QuotaGate.from_settings(settings.quotas)
         try:
+            await quota.start()
             for model in settings.models:
                 engine = engine_factory(settings, model)
                 await engine.start()
@@ -107,19 +110,22 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
             app.state.sparkgate = AppState(
                 settings=settings,
                 registry=ModelRegistry(served),
-                keys=KeyRing(settings.auth),
+                keys=KeyRing(settings.auth, settings.quotas, quota.lookup_key),
                 counters=Counters(),
                 admission=admission_control(settings, served),
+                quota=quota,
             )
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
             for m in served:
                 await m.engine.shutdown()
+            await quota.close()
 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(JsonBodyMiddleware)
     app.include_router(openai.router)
     app.include_router(ops.router)
+    app.include_router(admin.router)
     return app

@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing, Principal
+from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
 from gateway.settings import Settings
 
@@ -31,6 +32,7 @@ class AppState:
     keys: KeyRing
     counters: Counters
     admission: AdmissionControl
+    quota: QuotaGate
 
 
 def get_state(request: Request) -> AppState:
@@ -38,9 +40,14 @@ def get_state(request: Request) -> AppState:
     return state
 
 
-def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    return get_state(request).keys.authenticate(authorization)
+async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    return await get_state(request).keys.authenticate(authorization)
+
+
+async def get_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    return await get_state(request).keys.authenticate_admin(authorization)
 
 
 State = Annotated[AppState, Depends(get_state)]
 Caller = Annotated[Principal, Depends(get_principal)]
+Admin = Annotated[str, Depends(get_admin)]

@@ -4,16 +4,20 @@
      +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value)
      |    +-- ContextLengthExceeded     400   invalid_request_error   context_length_exceeded
      +-- AuthenticationFailed           401   invalid_request_error   invalid_api_key
+     +-- PermissionDenied               403   invalid_request_error   permission_denied
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
      +-- RouteNotFound                  404   invalid_request_error   not_found
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
-     +-- RateLimited                    429   requests                rate_limit_exceeded
+     +-- RateLimited                    429   requests | tokens       rate_limit_exceeded
+     |                                      insufficient_quota      insufficient_quota
      +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
+     +-- QuotaUnavailable               503   server_error            quota_unavailable
      +-- EngineUnavailableError         503   server_error            engine_unavailable
      +-- InternalError                  500   server_error            internal_error
 
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
-(`policies.admission.Reject`, a value) are translated here too, so routes
+(`policies.admission.Reject`, a value) are translated here too (and quota
+refusals, `policies.quotas.Deny`), so routes
 never catch them. Tracebacks go to the log, never to the client.
 """
 
@@ -30,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
 from policies.admission import Reject, RejectReason
+from policies.quotas import Deny, DenyReason
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +51,18 @@ class GatewayError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.error_type = error_type or self.type
         self.param = param
         self.code = code or self.default_code
         self.headers = headers or {}
         self.reason: str | None = None  # the admission reason's metric label, when it is one
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
 
 class InvalidRequest(GatewayError):
@@ -72,6 +79,12 @@ class AuthenticationFailed(GatewayError):
     status = 401
     type = "invalid_request_error"
     default_code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "permission_denied"
 
 
 class ModelNotFound(GatewayError):
@@ -104,6 +117,12 @@ class Overloaded(GatewayError):
     default_code = "server_overloaded"
 
 
+class QuotaUnavailable(GatewayError):
+    status = 503
+    type = "server_error"
+    default_code = "quota_unavailable"
+
+
 class EngineUnavailableError(GatewayError):
     status = 503
     type = "server_error"
@@ -132,6 +151,65 @@ def from_reject(reject: Reject, retry_after_s: float | None = None) -> GatewayEr
     err = cls(reject.message, code=reason.code, headers=headers)
     err.reason = reason.label
     return err
+
+
+_LIMIT_NAMES = {
+    DenyReason.CONCURRENCY: "concurrent requests",
+    DenyReason.RPM: "requests per minute (RPM)",
+    DenyReason.TPM: "tokens per minute (TPM)",
+    DenyReason.TPM_TOO_LARGE: "tokens per minute (TPM)",
+    DenyReason.DAILY_IN_FLIGHT: "tokens per day",
+    DenyReason.MONTHLY_IN_FLIGHT: "tokens per month",
+    DenyReason.DAILY: "tokens per day",
+    DenyReason.MONTHLY: "tokens per month",
+}
+
+
+def from_quota_refusal(scope: str, d: Deny, cost: int) -> GatewayError:
+    """A store's "no" -> the 429 the client sees, with headers the OpenAI SDK acts on."""
+    what = _LIMIT_NAMES[d.reason]
+    who = scope.replace(":", " ", 1)
+    retry_s = d.retry_after_ms / 1000
+    if d.reason is DenyReason.TPM_TOO_LARGE:
+        msg = f"Request too large for {who} on {what}: limit {d.limit}, requested {cost} (prompt + max_tokens)."
+    elif d.reason in (DenyReason.DAILY, DenyReason.MONTHLY):
+        msg = (
+            f"You exceeded your quota of {what} for {who}: limit {d.limit}, used or held {d.current}, "
+            f"this request needs up to {cost}. It resets in {_human(retry_s)}."
+        )
+    elif d.reason in (DenyReason.DAILY_IN_FLIGHT, DenyReason.MONTHLY_IN_FLIGHT):
+        msg = (
+            f"Rate limit reached for {who} on {what}: limit {d.limit}, used or held by requests in flight "
+            f"{d.current}, this request needs up to {cost}. Please try again in {_human(retry_s)}."
+        )
+    else:
+        msg = (
+            f"Rate limit reached for {who} on {what}: limit {d.limit}, current {d.current}. "
+            f"Please try again in {_human(retry_s)}."
+        )
+    headers = {"x-sparkgate-quota-limit": d.reason.label}
+    if d.retry_after_ms > 0:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_s)))
+        headers["retry-after-ms"] = str(d.retry_after_ms)
+    if not d.reason.retryable:
+        headers["x-should-retry"] = "false"  # waiting a few seconds will not help
+    if d.reason.code == "insufficient_quota":
+        kind = "insufficient_quota"
+    elif d.reason in (DenyReason.CONCURRENCY, DenyReason.RPM):
+        kind = "requests"
+    else:
+        kind = "tokens"
+    err = RateLimited(msg, code=d.reason.code, headers=headers, error_type=kind)
+    err.reason = f"quota_{d.reason.label}"
+    return err
+
+
+def _human(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def from_exception(exc: BaseException) -> GatewayError:

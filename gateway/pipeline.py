@@ -22,13 +22,21 @@ from engine_adapter.base import (
     StructuredOutput,
 )
 from gateway.auth import Principal
-from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest
+from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest, ModelNotFound
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
 from policies import kv, tokens
 from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
+
+
+@dataclass
+class Meter:
+    """What the engine really did for a job so far: the quota is settled with this."""
+
+    prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,12 @@ class Job:
     # Called once with the first prompt's cached-token count when the engine has
     # prefilled it (admission makes its blocks shareable and reconciles hits).
     on_prefill: Callable[[int], None] | None = field(default=None, compare=False)
+    meter: Meter = field(default_factory=Meter, compare=False)
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """Prompt + every choice's max_tokens: what the quota reserves."""
+        return sum(len(p) + r.sampling.max_tokens * self.n for p, r in zip(self.prompts, self.requests, strict=True))
 
 
 def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -149,6 +163,13 @@ def _budget(served: ServedModel, principal: Principal, prompt: tokens.Prompt, re
     return plan.max_tokens
 
 
+def _resolve(registry: ModelRegistry, model: str, principal: Principal) -> ServedModel:
+    served = registry.resolve(model)
+    if not principal.may_use(served.settings.names):
+        raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+    return served
+
+
 def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
     if req.n > limits.max_n:
         raise InvalidRequest(f"n must be at most {limits.max_n}.", param="n")
@@ -159,7 +180,7 @@ def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
 async def prepare_chat(
     req: ChatCompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
 ) -> Job:
-    served = registry.resolve(req.model)
+    served = _resolve(registry, req.model, principal)
     _check_common(req, limits)
     messages = _messages_for_template(req.messages)
     try:
@@ -199,7 +220,7 @@ async def prepare_chat(
 async def prepare_completion(
     req: CompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
 ) -> Job:
-    served = registry.resolve(req.model)
+    served = _resolve(registry, req.model, principal)
     _check_common(req, limits)
     vocab_size = len(served.tokenizer)
     prompts = []
@@ -281,17 +302,26 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
         private_blocks=private,
         shared_keys=shared,
         resume_at_end_only=kv.resumes_at_end(spec),
-        tokens=sum(len(p) + r.sampling.max_tokens * job.n for p, r in zip(job.prompts, job.requests, strict=True)),
+        tokens=job.worst_case_tokens,
         user_max_running=user_max_running,
     )
 
 
 async def _checked(
-    stream: AsyncIterator[EngineChunk], on_prefill: Callable[[int], None] | None = None
+    stream: AsyncIterator[EngineChunk],
+    meter: Meter,
+    prompt_tokens: int,
+    on_prefill: Callable[[int], None] | None = None,
 ) -> AsyncIterator[EngineChunk]:
-    """Engine chunks; an engine-side abort becomes a 503. `on_prefill` gets the first
-    chunk's cached-token count (the prompt is in the engine's cache by then)."""
+    """Engine chunks; an engine-side abort becomes a 503. The meter counts the prompt
+    at the first chunk and every output token; `on_prefill` gets the first chunk's
+    cached-token count (the prompt is in the engine's cache by then)."""
+    first = True
     async for chunk in stream:
+        if first:
+            meter.prompt_tokens += prompt_tokens
+            first = False
+        meter.completion_tokens += sum(len(c.token_ids) for c in chunk.choices)
         for c in chunk.choices:
             if c.finish_reason == "abort":
                 raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
@@ -309,14 +339,15 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
     """
     engine = job.served.engine
     if len(job.requests) == 1:
-        async for chunk in _checked(engine.generate(job.requests[0]), job.on_prefill):
+        async for chunk in _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), job.on_prefill):
             yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
 
     async def pump(i: int, request: EngineRequest) -> None:
         try:
-            async for chunk in _checked(engine.generate(request), job.on_prefill if i == 0 else None):
+            stream = engine.generate(request)
+            async for chunk in _checked(stream, job.meter, len(job.prompts[i]), job.on_prefill if i == 0 else None):
                 await queue.put((i, chunk))
         except asyncio.CancelledError:
             raise

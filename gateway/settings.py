@@ -60,24 +60,98 @@ PriorityClass = Literal["interactive", "batch"]
 PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "batch")
 
 
-class ApiKey(_Model):
+class KeyLimits(_Model):
+    """What a key may do. Unset fields inherit: the key's own, then its team's
+    `defaults`, then `quotas.defaults`, then unlimited."""
+
+    rpm: int | None = Field(None, ge=1)  # requests per quota window (60 s)
+    tpm: int | None = Field(None, ge=1)  # input + output tokens per quota window
+    daily_tokens: int | None = Field(None, ge=1)  # per UTC day
+    monthly_tokens: int | None = Field(None, ge=1)  # per UTC calendar month
+    max_concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across replicas
+    allowed_models: tuple[str, ...] | None = None  # names or aliases; None: every model
+    max_context: int | None = Field(None, ge=16)  # prompt + max_tokens (None: the model's)
+    # The default admission class, and the most urgent one a request header may ask for.
+    priority: PriorityClass | None = None
+    slo_class: str | None = None  # default latency class (used by routing)
+
+    def over(self, base: KeyLimits) -> KeyLimits:
+        """These limits, with unset fields taken from `base`."""
+        mine = self.model_dump(exclude_none=True)
+        return base.model_copy(update=mine) if mine else base
+
+
+class PooledLimits(_Model):
+    """Totals a whole team shares (every key of the team counts against them)."""
+
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    daily_tokens: int | None = Field(None, ge=1)
+    monthly_tokens: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+
+
+class TeamSettings(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    defaults: KeyLimits = KeyLimits()  # inherited by each key of the team
+    pooled: PooledLimits = PooledLimits()
+
+
+class ApiKey(KeyLimits):
+    """A key written in the config file (keys made with `sparkgate keys create` live in the store)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    user: str | None = None  # the person (default: the key's name)
+    team: str | None = None
+
+    def limits(self) -> KeyLimits:
+        return KeyLimits(**{k: getattr(self, k) for k in KeyLimits.model_fields})
+
+
+class AdminKey(_Model):
     name: str
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    # The key's default class, and the most urgent one a request header may ask for.
-    priority: PriorityClass = "interactive"
-    max_concurrency: int | None = Field(None, ge=1)  # jobs running at once (None: admission default)
-    max_context: int | None = Field(None, ge=16)  # prompt + max_tokens (None: the model's)
 
 
 class AuthSettings(_Model):
     required: bool = True
     keys: tuple[ApiKey, ...] = ()
+    admin_keys: tuple[AdminKey, ...] = ()  # for /sparkgate/admin and `sparkgate keys`
 
     @model_validator(mode="after")
     def _keys_when_required(self) -> AuthSettings:
-        if self.required and not self.keys:
-            raise ValueError("auth.required is true but auth.keys is empty")
+        if self.required and not self.keys and not self.admin_keys:
+            raise ValueError("auth.required is true but neither auth.keys nor auth.admin_keys is set")
         return self
+
+
+class QuotaSettings(_Model):
+    """Per-key quotas and where their counters live (see gateway/quota_store.py)."""
+
+    # "memory": this process only (the embedded default); "redis": shared by every replica.
+    store: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sg:"  # every Redis key sparkgate writes starts with this
+    redis_timeout_s: float = Field(0.5, gt=0)  # per command; beyond it Redis counts as down
+    # Redis down: "closed" answers 503 + Retry-After; "open" serves on per-process limits.
+    on_outage: Literal["closed", "open"] = "closed"
+    # A reservation's lease: a replica renews its holds every lease_s / 3; a crashed
+    # replica's holds are released lease_s after its last renewal.
+    lease_s: float = Field(30.0, ge=0.1)
+    window_s: float = Field(60.0, ge=0.1)  # the rpm / tpm window (shorter only in tests)
+    defaults: KeyLimits = KeyLimits()
+    teams: tuple[TeamSettings, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_teams(self) -> QuotaSettings:
+        names = [t.name for t in self.teams]
+        if len(names) != len(set(names)):
+            raise ValueError("quotas.teams: team names must be unique")
+        return self
+
+    def team(self, name: str | None) -> TeamSettings | None:
+        return next((t for t in self.teams if t.name == name), None)
 
 
 class ModelSettings(_Model):
@@ -165,6 +239,7 @@ class Settings(BaseSettings):
     models: tuple[ModelSettings, ...]
     limits: LimitSettings = LimitSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    quotas: QuotaSettings = QuotaSettings()
     box: BoxSettings | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."
@@ -190,6 +265,10 @@ class Settings(BaseSettings):
                 if n in seen:
                     raise ValueError(f"model name {n!r} is used by both {seen[n]!r} and {m.name!r}")
                 seen[n] = m.name
+        teams = {t.name for t in self.quotas.teams}
+        for k in self.auth.keys:
+            if k.team is not None and k.team not in teams:
+                raise ValueError(f"auth.keys[{k.name}]: team {k.team!r} is not in quotas.teams")
         if self.box is not None:
             unknown = [m.name for m in self.models if m.weights_bytes is None]
             if unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -151,6 +152,58 @@ def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
         log.close()
         if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
             print(log_path.read_text()[-3000:])
+
+
+class RedisServer:
+    """A real redis-server (Debian's package) on a free port, its data in a temp dir.
+    Append-only with fsync on every write, so a stop/start keeps what was written."""
+
+    def __init__(self, data_dir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: `apt-get install redis-server` (.ci/run does it)")
+        self.binary = binary
+        self.dir = data_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--protected-mode", "no"]
+        log = (self.dir / "redis.log").open("ab")
+        self.proc = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{(self.dir / 'redis.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    srv = RedisServer(tmp_path_factory.mktemp("redis"))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

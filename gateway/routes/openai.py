@@ -17,7 +17,9 @@ from gateway import pipeline, streaming
 from gateway.admission import Ticket
 from gateway.deps import AppState, Caller, Counters, State
 from gateway.pipeline import Job, abort, prepare_chat, prepare_completion
+from gateway.quota import Hold
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from policies.admission import Demand
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1")
@@ -54,22 +56,38 @@ async def _on_disconnect(request: Request, job: Job, counters: Counters) -> Asyn
                 await watcher
 
 
-class _TicketedStream(StreamingResponse):
-    """A stream that releases its admission ticket however the response ends, even
-    when the body is never iterated (the client left before the first byte)."""
+class _Holds:
+    """A running job's admission ticket and quota hold, given back together, once:
+    the quota is settled with what the engine really did (the job's meter)."""
 
-    def __init__(self, content: AsyncIterator[str], ticket: Ticket, **kw: Any) -> None:
-        super().__init__(content, **kw)
+    def __init__(self, job: Job, ticket: Ticket, hold: Hold) -> None:
+        self.job = job
         self.ticket = ticket
+        self.hold = hold
+        self.returned = False  # the client got the whole response (and its usage)
+
+    def release(self) -> None:
+        self.ticket.release()
+        m = self.job.meter
+        self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+
+
+class _TicketedStream(StreamingResponse):
+    """A stream that gives back its holds however the response ends, even when the
+    body is never iterated (the client left before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[str], holds: _Holds, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.holds = holds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.ticket.release()
+            self.holds.release()
 
 
-async def _counted_stream(job: Job, counters: Counters, request: Request, ticket: Ticket) -> AsyncIterator[str]:
+async def _counted_stream(job: Job, counters: Counters, request: Request, holds: _Holds) -> AsyncIterator[str]:
     name = job.served.name
     counters.by_model_inflight[name] = counters.by_model_inflight.get(name, 0) + 1
     try:
@@ -79,22 +97,18 @@ async def _counted_stream(job: Job, counters: Counters, request: Request, ticket
                     return
                 yield line
         counters.completed += 1
+        holds.returned = True
     finally:
         counters.by_model_inflight[name] -= 1
-        ticket.release()  # the engine requests are finished or aborted by now
+        holds.release()  # the engine requests are finished or aborted by now
 
 
 class _ClientLeft(Exception):
     pass
 
 
-async def _admit(job: Job, state: AppState, request: Request) -> Ticket:
+async def _admit(demand: Demand, state: AppState, request: Request) -> Ticket:
     """Wait for the job's turn (KV room, a slot, fairness), or for the client to leave."""
-    demand = pipeline.demand(
-        job,
-        priority=pipeline.priority_of(job.principal, request.headers.get(state.settings.admission.priority_header)),
-        user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
-    )
     acquire = asyncio.ensure_future(state.admission.acquire(demand))
     watcher = asyncio.ensure_future(_client_left(request))
     try:
@@ -118,21 +132,35 @@ async def _admit(job: Job, state: AppState, request: Request) -> Ticket:
 
 
 async def _respond(job: Job, state: State, request: Request) -> Response:
+    demand = pipeline.demand(
+        job,
+        priority=pipeline.priority_of(job.principal, request.headers.get(state.settings.admission.priority_header)),
+        user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
+    )
+    # The quota first: a request over its key's limits must not queue for the engine.
+    hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
     try:
-        ticket = await _admit(job, state, request)
+        ticket = await _admit(demand, state, request)
     except _ClientLeft:
+        hold.release()
         log.info("%s: client left while queued", job.id)
         return Response(status_code=499)
+    except BaseException:
+        hold.release()
+        raise
+    holds = _Holds(job, ticket, hold)
     try:
         bs = job.served.engine.kv_spec.block_size
         job = dataclasses.replace(job, on_prefill=lambda cached: ticket.prefilled(cached // bs))
-        return await _run(job, state, request, ticket)
+        holds.job = job
+        return await _run(job, state, request, holds)
     except BaseException:
-        ticket.release()
+        holds.release()
         raise
 
 
-async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Response:
+async def _run(job: Job, state: State, request: Request, holds: _Holds) -> Response:
+    ticket = holds.ticket
     counters = state.counters
     log.info(
         "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
@@ -153,8 +181,8 @@ async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Resp
     }
     if job.stream:
         return _TicketedStream(
-            _counted_stream(job, counters, request, ticket),
-            ticket,
+            _counted_stream(job, counters, request, holds),
+            holds,
             media_type="text/event-stream",
             headers=SSE_HEADERS | headers,
         )
@@ -176,6 +204,7 @@ async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Resp
             if client_left:
                 return Response(status_code=499)
             body = work.result()
+            holds.returned = True
     except Exception:
         counters.failed += 1
         if not job.served.engine.is_healthy:
@@ -183,7 +212,7 @@ async def _run(job: Job, state: State, request: Request, ticket: Ticket) -> Resp
         raise
     finally:
         counters.by_model_inflight[name] -= 1
-        ticket.release()
+        holds.release()
     counters.completed += 1
     return JSONResponse(body, headers=headers)
 
@@ -206,6 +235,8 @@ async def completions(body: CompletionRequest, request: Request, state: State, c
 async def list_models(state: State, caller: Caller) -> dict[str, Any]:
     data = []
     for served in state.registry:
+        if not caller.may_use(served.settings.names):
+            continue
         for name in served.settings.names:
             data.append(
                 {

@@ -51,5 +51,6 @@ async def stats(state: State, caller: Caller) -> dict[str, Any]:
             "kv_mispredicted_blocks": a.kv_mispredicted_blocks,
             "kv_refunded_blocks": a.kv_refunded_blocks,
         },
+        "quota": state.quota.snapshot(),
         "engines": engines,
     }

@@ -56,7 +56,7 @@ def test_unknown_keys_rejected() -> None:
 
 
 def test_auth_required_needs_keys() -> None:
-    with pytest.raises(ValidationError, match=r"auth\.keys is empty"):
+    with pytest.raises(ValidationError, match=r"neither auth\.keys nor auth\.admin_keys"):
         Settings(models=(ModelSettings(name="a", path="x"),), auth={"required": True})  # type: ignore[arg-type]
 
 

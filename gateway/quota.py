@@ -1,0 +1,353 @@
+"""The async shell around the quota store: holds that settle exactly once, lease
+renewal, and what happens when Redis is away.
+
+- `reserve` charges a request's worst case to its key, team and user before it
+  queues; a refusal becomes a 429 (`rate_limit_exceeded` or `insufficient_quota`)
+  with Retry-After.
+- `Hold.settle(prompt, completion)` charges what the engine really did (0, 0:
+  never reached it) from a background task, so every exit path can call it
+  synchronously; a hold dropped unsettled is released by the GC safety net.
+- Redis down: `on_outage: closed` answers 503 + Retry-After; `open` serves on a
+  per-process MemoryQuotaStore with the same limits. Settlements that cannot
+  reach Redis wait in an outbox and are applied when it is back; a probe
+  reconnects without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gateway.auth import Principal
+from gateway.errors import QuotaUnavailable, from_quota_refusal
+from gateway.quota_store import KeyRecord, MemoryQuotaStore, QuotaStore, RedisQuotaStore, Refused, Reserved, ScopeUsage
+from gateway.settings import QuotaSettings
+from policies.quotas import Limits
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PROBE_INTERVAL_S = 0.5
+OUTAGE_RETRY_AFTER_S = 2
+
+
+class StoreDown(Exception):
+    """The shared store cannot be reached right now."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import redis.exceptions
+
+    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, asyncio.TimeoutError)
+
+
+def scopes_of(principal: Principal) -> list[tuple[str, Limits]]:
+    """The counters a request of this caller charges: its key (the key's limits), its
+    team (the team's pooled limits) and its user (counted, for usage reports)."""
+    lim = principal.limits
+    scopes = [
+        (
+            principal.key_scope,
+            Limits(lim.rpm, lim.tpm, lim.daily_tokens, lim.monthly_tokens, lim.max_concurrency),
+        )
+    ]
+    if principal.team is not None:
+        p = principal.pooled
+        scopes.append(
+            (f"team:{principal.team}", Limits(p.rpm, p.tpm, p.daily_tokens, p.monthly_tokens, p.max_concurrency))
+        )
+    scopes.append((f"user:{principal.name}", Limits()))
+    return scopes
+
+
+@dataclass
+class QuotaMetrics:
+    reserved: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # by reason label
+    settled: int = 0
+    released: int = 0
+    prompt_tokens: int = 0  # charged (settled) by this replica
+    completion_tokens: int = 0
+    unreturned_tokens: int = 0  # charged for work whose response the client never got (it left, or an error)
+    late_settles: int = 0  # settled after the lease had run out
+    outbox_applied: int = 0
+    outages: int = 0
+    local_reserves: int = 0  # reservations served by the per-process fallback (fail-open)
+
+
+class Hold:
+    """One request's reservation. `settle` is idempotent and never blocks."""
+
+    def __init__(self, gate: QuotaGate, reserved: Reserved, store: QuotaStore) -> None:
+        self._gate = gate
+        self.reserved = reserved
+        self.store = store
+        self._done = False
+
+    @property
+    def rid(self) -> str:
+        return self.reserved.rid
+
+    def settle(self, prompt_tokens: int, completion_tokens: int, *, returned: bool = True) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._gate._settle(self, prompt_tokens, completion_tokens, returned)
+
+    def release(self) -> None:
+        self.settle(0, 0)
+
+    def __del__(self) -> None:
+        if not self._done:
+            log.error("quota hold %s was never settled; releasing it now", self.rid)
+            with contextlib.suppress(Exception):
+                self.release()
+
+
+class QuotaGate:
+    def __init__(self, settings: QuotaSettings, store: QuotaStore, *, shared: bool) -> None:
+        self.settings = settings
+        self.store = store
+        self.shared = shared  # a store other processes share (Redis): it can be away
+        self.local = (
+            MemoryQuotaStore(window_s=settings.window_s, lease_s=settings.lease_s)
+            if shared and settings.on_outage == "open"
+            else None
+        )
+        self.metrics = QuotaMetrics()
+        self._down_since: float | None = None
+        self._live: dict[str, Hold] = {}  # unsettled holds, their leases renewed here
+        self._outbox: deque[tuple[Hold, int, int]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._background: asyncio.Task[None] | None = None
+        self._key_cache: dict[str, KeyRecord] = {}  # last seen, for fail-open lookups
+
+    @classmethod
+    def from_settings(cls, settings: QuotaSettings) -> QuotaGate:
+        if settings.store == "redis":
+            store: QuotaStore = RedisQuotaStore(
+                settings.redis_url,
+                prefix=settings.key_prefix,
+                window_s=settings.window_s,
+                lease_s=settings.lease_s,
+                timeout_s=settings.redis_timeout_s,
+            )
+            return cls(settings, store, shared=True)
+        return cls(settings, MemoryQuotaStore(window_s=settings.window_s, lease_s=settings.lease_s), shared=False)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.shared:
+            try:
+                await self.store.ping()
+                log.info("quota store: redis at %s", self.settings.redis_url)
+            except _store_errors() as e:
+                self._mark_down(e)
+        self._background = asyncio.create_task(self._maintain())
+
+    async def close(self) -> None:
+        if self._background is not None:
+            self._background.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._background
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._outbox and not self.is_down:
+            await self._flush()
+        if self._outbox:
+            log.error("quota: %d settlements could not reach the store before shutdown", len(self._outbox))
+        await self.store.close()
+
+    @property
+    def is_down(self) -> bool:
+        return self._down_since is not None
+
+    def _mark_down(self, exc: BaseException) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self.metrics.outages += 1
+            log.error("quota store unreachable (%s): %s", type(exc).__name__, exc)
+
+    async def _shared(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A call to the shared store; StoreDown while it is away (fail fast, no timeout each)."""
+        if self._down_since is not None:
+            raise StoreDown
+        try:
+            return await call()
+        except _store_errors() as e:
+            self._mark_down(e)
+            raise StoreDown from e
+
+    # ------------------------------------------------------------------ keys
+
+    async def lookup_key(self, sha256: str) -> KeyRecord | None:
+        """A stored key by hash; during an outage, fail-open uses the last copy seen."""
+        try:
+            record = await self._shared(lambda: self.store.get_key(sha256))
+        except StoreDown:
+            if self.local is not None and sha256 in self._key_cache:
+                return self._key_cache[sha256]
+            raise self._unavailable() from None
+        if record is not None:
+            self._key_cache[sha256] = record
+        else:
+            self._key_cache.pop(sha256, None)
+        return record
+
+    async def put_key(self, record: KeyRecord) -> None:
+        try:
+            await self._shared(lambda: self.store.put_key(record))
+        except StoreDown:
+            raise self._unavailable() from None
+
+    async def list_keys(self) -> list[KeyRecord]:
+        try:
+            return await self._shared(self.store.list_keys)
+        except StoreDown:
+            raise self._unavailable() from None
+
+    async def usage(self, scope: str) -> ScopeUsage:
+        try:
+            return await self._shared(lambda: self.store.usage(scope))
+        except StoreDown:
+            raise self._unavailable() from None
+
+    def _unavailable(self) -> QuotaUnavailable:
+        return QuotaUnavailable(
+            "The quota store is unavailable; please retry shortly.",
+            headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)},
+        )
+
+    # ------------------------------------------------------------------ reservations
+
+    async def reserve(self, principal: Principal, rid: str, cost: int) -> Hold:
+        scopes = scopes_of(principal)
+        store = self.store
+        try:
+            out = await self._shared(lambda: self.store.reserve(rid, scopes, cost))
+        except StoreDown:
+            if self.local is None:
+                raise self._unavailable() from None
+            store = self.local
+            self.metrics.local_reserves += 1
+            out = await store.reserve(rid, scopes, cost)
+        if isinstance(out, Refused):
+            label = out.deny.reason.label
+            self.metrics.refused[label] = self.metrics.refused.get(label, 0) + 1
+            raise from_quota_refusal(out.scope, out.deny, cost)
+        self.metrics.reserved += 1
+        hold = Hold(self, out, store)
+        self._live[rid] = hold  # renewed until settled
+        return hold
+
+    def _settle(self, hold: Hold, prompt: int, completion: int, returned: bool) -> None:
+        m = self.metrics
+        if prompt + completion > 0:
+            m.settled += 1
+            m.prompt_tokens += prompt
+            m.completion_tokens += completion
+            if not returned:
+                m.unreturned_tokens += prompt + completion
+        else:
+            m.released += 1
+        task = asyncio.get_running_loop().create_task(self._apply(hold, prompt, completion))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _apply(self, hold: Hold, prompt: int, completion: int) -> None:
+        try:
+            if hold.store is self.store and self.shared:
+                try:
+                    live = await self._shared(lambda: hold.store.settle(hold.reserved, prompt, completion))
+                except StoreDown:
+                    self._outbox.append((hold, prompt, completion))
+                    return
+            else:
+                live = await hold.store.settle(hold.reserved, prompt, completion)
+            if not live:
+                self.metrics.late_settles += 1
+                log.warning("quota hold %s was settled after its lease ran out", hold.rid)
+        finally:
+            if not any(h is hold for h, _, _ in self._outbox):
+                self._live.pop(hold.rid, None)
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            hold, prompt, completion = self._outbox[0]
+            live = await self._shared(functools.partial(hold.store.settle, hold.reserved, prompt, completion))
+            self._outbox.popleft()
+            self._live.pop(hold.rid, None)
+            self.metrics.outbox_applied += 1
+            if not live:
+                self.metrics.late_settles += 1
+
+    async def _maintain(self) -> None:
+        """Renew this replica's leases, sweep expired ones, probe Redis while it is away."""
+        renew_every = max(self.settings.lease_s / 3, 0.05)
+        last_renew = 0.0
+        while True:
+            await asyncio.sleep(min(PROBE_INTERVAL_S, renew_every))
+            try:
+                if self._down_since is not None:
+                    await self.store.ping()
+                    log.warning("quota store reachable again after %.1fs", time.monotonic() - self._down_since)
+                    self._down_since = None
+                    last_renew = 0.0
+                if self._outbox:
+                    await self._flush()
+                now = time.monotonic()
+                if now - last_renew >= renew_every:
+                    last_renew = now
+                    await self._renew_and_sweep()
+            except StoreDown:
+                pass
+            except _store_errors() as e:
+                self._mark_down(e)
+            except Exception:  # the loop must survive anything; the next round retries
+                log.exception("quota maintenance failed")
+
+    async def _renew_and_sweep(self) -> None:
+        waiting = {id(h) for h, _, _ in self._outbox}
+        by_store: dict[int, tuple[QuotaStore, list[str]]] = {}
+        for rid, h in self._live.items():
+            if id(h) not in waiting:
+                by_store.setdefault(id(h.store), (h.store, []))[1].append(rid)
+        for store in (s for s in (self.store, self.local) if s is not None):
+            rids = by_store.get(id(store), (store, []))[1]
+            if store is self.store and self.shared:
+                missing = await self._shared(lambda st=store, r=rids: st.renew(r)) if rids else []  # type: ignore[misc]
+                await self._shared(self.store.sweep)
+            else:
+                missing = await store.renew(rids)
+                await store.sweep()
+            for rid in missing:
+                log.warning("quota hold %s lost its lease before it was settled", rid)
+
+    def snapshot(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "store": self.settings.store,
+            "on_outage": self.settings.on_outage,
+            "down": self.is_down,
+            "holds": len(self._live),
+            "outbox": len(self._outbox),
+            "reserved": m.reserved,
+            "refused": dict(m.refused),
+            "settled": m.settled,
+            "released": m.released,
+            "prompt_tokens": m.prompt_tokens,
+            "completion_tokens": m.completion_tokens,
+            "unreturned_tokens": m.unreturned_tokens,
+            "late_settles": m.late_settles,
+            "outbox_applied": m.outbox_applied,
+            "outages": m.outages,
+            "local_reserves": m.local_reserves,
+        }

@@ -1,0 +1,144 @@
+"""Keys and usage: the admin API (admin keys only) and a caller's own usage.
+
+POST   /sparkgate/admin/keys            create a key; the key itself is shown once
+GET    /sparkgate/admin/keys            list keys (never their hashes)
+DELETE /sparkgate/admin/keys/{id}       revoke (store keys; config keys live in the config)
+GET    /sparkgate/admin/usage?key_id=|user=|team=
+GET    /sparkgate/usage                 the calling key's own usage and limits
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.deps import Admin, AppState, Caller, State
+from gateway.errors import InvalidRequest, RouteNotFound
+from gateway.quota_store import KeyRecord, ScopeUsage
+from gateway.settings import KeyLimits, hash_key
+
+router = APIRouter(prefix="/sparkgate")
+
+NAME = r"^[A-Za-z0-9_.@-]{1,64}$"
+KEY_PREFIX = "sk-sg-"
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(pattern=NAME)
+    team: str | None = Field(None, pattern=NAME)
+    name: str | None = Field(None, max_length=64)
+    limits: KeyLimits = KeyLimits()
+
+
+def _public(k: KeyRecord) -> dict[str, Any]:
+    return k.model_dump(exclude={"sha256"}, mode="json") | {"limits": k.limits.model_dump(exclude_none=True)}
+
+
+def _usage(u: ScopeUsage, window_s: float) -> dict[str, Any]:
+    def period(p: Any) -> dict[str, Any]:
+        return {
+            "period": p.label,
+            "prompt_tokens": p.prompt_tokens,
+            "completion_tokens": p.completion_tokens,
+            "total_tokens": p.used,
+            "requests": p.requests,
+            "reserved_tokens": p.reserved_tokens,
+        }
+
+    return {
+        "scope": u.scope,
+        "day": period(u.day),
+        "month": period(u.month),
+        "window": {"seconds": window_s, "requests": u.window_requests, "tokens": u.window_tokens},
+        "in_flight": u.live,
+    }
+
+
+async def _all_keys(state: AppState) -> list[KeyRecord]:
+    return [*state.keys.configured, *await state.quota.list_keys()]
+
+
+@router.post("/admin/keys", status_code=201)
+async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONResponse:
+    if body.team is not None and state.settings.quotas.team(body.team) is None:
+        known = ", ".join(t.name for t in state.settings.quotas.teams) or "none configured"
+        raise InvalidRequest(f"Unknown team {body.team!r} (teams: {known}).", param="team", code="unknown_team")
+    if body.limits.allowed_models is not None:
+        names = {n for m in state.registry for n in m.settings.names}
+        unknown = [m for m in body.limits.allowed_models if m not in names]
+        if unknown:
+            raise InvalidRequest(f"Unknown models: {', '.join(unknown)}.", param="limits.allowed_models")
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    record = KeyRecord(
+        id="key_" + secrets.token_hex(8),
+        sha256=hash_key(key),
+        user=body.user,
+        team=body.team,
+        name=body.name,
+        prefix=key[: len(KEY_PREFIX) + 4],
+        created_at=time.time(),
+        limits=body.limits,
+    )
+    await state.quota.put_key(record)
+    return JSONResponse(_public(record) | {"key": key}, status_code=201)
+
+
+@router.get("/admin/keys")
+async def list_keys(state: State, admin: Admin) -> dict[str, Any]:
+    return {"object": "list", "data": [_public(k) for k in await _all_keys(state)]}
+
+
+@router.delete("/admin/keys/{key_id}")
+async def revoke_key(key_id: str, state: State, admin: Admin) -> dict[str, Any]:
+    record = next((k for k in await _all_keys(state) if k.id == key_id), None)
+    if record is None:
+        raise RouteNotFound(f"No key with id {key_id!r}.", code="key_not_found")
+    if record.source == "config":
+        raise InvalidRequest(f"Key {key_id!r} is defined in the config file; remove it there.", code="config_key")
+    if record.revoked_at is None:
+        record = record.model_copy(update={"revoked_at": time.time()})
+        await state.quota.put_key(record)
+    return _public(record) | {"revoked": True}
+
+
+@router.get("/admin/usage")
+async def admin_usage(
+    state: State,
+    admin: Admin,
+    key_id: str | None = Query(None),
+    user: str | None = Query(None),
+    team: str | None = Query(None),
+) -> dict[str, Any]:
+    given = [(kind, v) for kind, v in (("key", key_id), ("user", user), ("team", team)) if v is not None]
+    if len(given) != 1:
+        raise InvalidRequest("Give exactly one of key_id, user or team.", code="invalid_value")
+    kind, value = given[0]
+    body = _usage(await state.quota.usage(f"{kind}:{value}"), state.settings.quotas.window_s)
+    if kind == "key":
+        record = next((k for k in await _all_keys(state) if k.id == value), None)
+        if record is None:
+            raise RouteNotFound(f"No key with id {value!r}.", code="key_not_found")
+        body["key"] = _public(record)
+    return body
+
+
+@router.get("/usage")
+async def own_usage(state: State, caller: Caller) -> dict[str, Any]:
+    """The caller's own key and user totals: no one else's."""
+    window = state.settings.quotas.window_s
+    return {
+        "user": caller.name,
+        "key_id": caller.key_id,
+        "team": caller.team,
+        "limits": caller.limits.model_dump(exclude_none=True),
+        "team_pooled_limits": caller.pooled.model_dump(exclude_none=True),
+        "key": _usage(await state.quota.usage(caller.key_scope), window),
+        "user_total": _usage(await state.quota.usage(caller.user_scope), window),
+    }
