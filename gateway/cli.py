@@ -1,10 +1,11 @@
-"""`sparkgate serve | prepare-models | hash-key`."""
+"""`sparkgate serve | prepare-models | hash-key | keys create|list|revoke|usage`."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -81,6 +82,117 @@ def hash_key_cmd(key: str) -> None:
     from gateway.settings import hash_key
 
     typer.echo(hash_key(key))
+
+
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    help="Manage API keys and read usage through a running gateway's admin API (an admin key).",
+)
+app.add_typer(keys_app, name="keys")
+
+Url = Annotated[str, typer.Option("--url", envvar="SPARKGATE_URL", help="The gateway")]
+AdminKeyOpt = Annotated[str, typer.Option("--admin-key", envvar="SPARKGATE_ADMIN_KEY", help="An auth.admin_keys key")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _admin_call(method: str, url: str, admin_key: str, path: str, **kw: Any) -> Any:
+    import httpx
+
+    if not admin_key:
+        typer.echo("sparkgate: an admin key is needed: --admin-key or SPARKGATE_ADMIN_KEY", err=True)
+        raise typer.Exit(2)
+    try:
+        r = httpx.request(
+            method, url.rstrip("/") + path, headers={"Authorization": f"Bearer {admin_key}"}, timeout=30, **kw
+        )
+    except httpx.HTTPError as e:
+        typer.echo(f"sparkgate: cannot reach {url}: {e}", err=True)
+        raise typer.Exit(1) from None
+    if r.status_code >= 400:
+        try:
+            msg = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = r.text
+        typer.echo(f"sparkgate: {r.status_code}: {msg}", err=True)
+        raise typer.Exit(1)
+    return r.json()
+
+
+@keys_app.command("create")
+def keys_create(
+    user: Annotated[str, typer.Option(help="The person the key belongs to")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKeyOpt = "",
+    team: Annotated[str | None, typer.Option(help="A team from quotas.teams (its limits are inherited)")] = None,
+    name: Annotated[str | None, typer.Option(help="A label, e.g. laptop")] = None,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(help="Input + output tokens per minute")] = None,
+    daily_tokens: Annotated[int | None, typer.Option(help="Tokens per UTC day")] = None,
+    monthly_tokens: Annotated[int | None, typer.Option(help="Tokens per calendar month")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="Requests in flight at once")] = None,
+    allowed_model: Annotated[list[str] | None, typer.Option(help="Repeat for each model allowed")] = None,
+    max_context: Annotated[int | None, typer.Option(help="Prompt + max_tokens")] = None,
+    priority: Annotated[str | None, typer.Option(help="interactive or batch")] = None,
+    slo_class: Annotated[str | None, typer.Option(help="Default latency class")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole record as JSON")] = False,
+) -> None:
+    """Create a key. The key is printed once; only its hash is stored."""
+    limits = {
+        "rpm": rpm,
+        "tpm": tpm,
+        "daily_tokens": daily_tokens,
+        "monthly_tokens": monthly_tokens,
+        "max_concurrency": max_concurrency,
+        "allowed_models": allowed_model or None,
+        "max_context": max_context,
+        "priority": priority,
+        "slo_class": slo_class,
+    }
+    body = {"user": user, "team": team, "name": name, "limits": {k: v for k, v in limits.items() if v is not None}}
+    out = _admin_call("POST", url, admin_key, "/sparkgate/admin/keys", json=body)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(f"id:   {out['id']}\nuser: {out['user']}\nteam: {out['team'] or '-'}")
+    typer.echo(f"key:  {out['key']}\n(shown once: store it now)")
+
+
+@keys_app.command("list")
+def keys_list(
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKeyOpt = "",
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List keys (config and store), never their hashes."""
+    out = _admin_call("GET", url, admin_key, "/sparkgate/admin/keys")
+    if as_json:
+        typer.echo(json.dumps(out["data"], indent=2))
+        return
+    typer.echo(f"{'ID':<22} {'USER':<16} {'TEAM':<12} {'SOURCE':<7} {'STATUS':<8} LIMITS")
+    for k in out["data"]:
+        status = "revoked" if k["revoked_at"] else "active"
+        limits = " ".join(f"{n}={v}" for n, v in k["limits"].items())
+        typer.echo(f"{k['id']:<22} {k['user']:<16} {k['team'] or '-':<12} {k['source']:<7} {status:<8} {limits}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, url: Url = DEFAULT_URL, admin_key: AdminKeyOpt = "") -> None:
+    """Revoke a key: every replica refuses it from its next request on."""
+    out = _admin_call("DELETE", url, admin_key, f"/sparkgate/admin/keys/{key_id}")
+    typer.echo(f"revoked {out['id']} ({out['user']})")
+
+
+@keys_app.command("usage")
+def keys_usage(
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKeyOpt = "",
+    key_id: Annotated[str | None, typer.Option("--key-id")] = None,
+    user: Annotated[str | None, typer.Option()] = None,
+    team: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Usage today, this month and in the rate window, for a key, a user or a team."""
+    params = {k: v for k, v in {"key_id": key_id, "user": user, "team": team}.items() if v is not None}
+    typer.echo(json.dumps(_admin_call("GET", url, admin_key, "/sparkgate/admin/usage", params=params), indent=2))
 
 
 def main() -> None:

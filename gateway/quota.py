@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -77,7 +78,8 @@ class QuotaMetrics:
     completion_tokens: int = 0
     unreturned_tokens: int = 0  # charged for work whose response the client never got (it left, or an error)
     late_settles: int = 0  # settled after the lease had run out
-    outbox_applied: int = 0
+    outbox_applied: int = 0  # settlements applied to Redis after it came back
+    replayed: int = 0  # of those, usage served on local limits during an outage
     outages: int = 0
     local_reserves: int = 0  # reservations served by the per-process fallback (fail-open)
 
@@ -123,7 +125,9 @@ class QuotaGate:
         )
         self.metrics = QuotaMetrics()
         self._down_since: float | None = None
-        self._live: dict[str, Hold] = {}  # unsettled holds, their leases renewed here
+        # Unsettled holds, their leases renewed here. Weak: a hold its request dropped
+        # unsettled is collected (and released by its safety net), not renewed forever.
+        self._live: weakref.WeakValueDictionary[str, Hold] = weakref.WeakValueDictionary()
         self._outbox: deque[tuple[Hold, int, int]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._background: asyncio.Task[None] | None = None
@@ -258,35 +262,37 @@ class QuotaGate:
                 m.unreturned_tokens += prompt + completion
         else:
             m.released += 1
+        self._live.pop(hold.rid, None)  # no more renewals: the settlement takes over
         task = asyncio.get_running_loop().create_task(self._apply(hold, prompt, completion))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _apply(self, hold: Hold, prompt: int, completion: int) -> None:
+        if hold.store is not self.store:
+            # Served on local limits while Redis was away: settle here, and replay the
+            # usage into Redis when it is back so the shared totals miss nothing.
+            await hold.store.settle(hold.reserved, prompt, completion)
+            if prompt + completion > 0:
+                self._outbox.append((hold, prompt, completion))
+            return
         try:
-            if hold.store is self.store and self.shared:
-                try:
-                    live = await self._shared(lambda: hold.store.settle(hold.reserved, prompt, completion))
-                except StoreDown:
-                    self._outbox.append((hold, prompt, completion))
-                    return
-            else:
-                live = await hold.store.settle(hold.reserved, prompt, completion)
-            if not live:
-                self.metrics.late_settles += 1
-                log.warning("quota hold %s was settled after its lease ran out", hold.rid)
-        finally:
-            if not any(h is hold for h, _, _ in self._outbox):
-                self._live.pop(hold.rid, None)
+            live = await self._shared(lambda: hold.store.settle(hold.reserved, prompt, completion))
+        except StoreDown:
+            self._outbox.append((hold, prompt, completion))  # its lease may run out meanwhile: then a late settle
+            return
+        if not live:
+            self.metrics.late_settles += 1
+            log.warning("quota hold %s was settled after its lease ran out", hold.rid)
 
     async def _flush(self) -> None:
         while self._outbox:
             hold, prompt, completion = self._outbox[0]
-            live = await self._shared(functools.partial(hold.store.settle, hold.reserved, prompt, completion))
+            live = await self._shared(functools.partial(self.store.settle, hold.reserved, prompt, completion))
             self._outbox.popleft()
-            self._live.pop(hold.rid, None)
             self.metrics.outbox_applied += 1
-            if not live:
+            if hold.store is not self.store:
+                self.metrics.replayed += 1
+            elif not live:
                 self.metrics.late_settles += 1
 
     async def _maintain(self) -> None:
@@ -315,11 +321,9 @@ class QuotaGate:
                 log.exception("quota maintenance failed")
 
     async def _renew_and_sweep(self) -> None:
-        waiting = {id(h) for h, _, _ in self._outbox}
         by_store: dict[int, tuple[QuotaStore, list[str]]] = {}
-        for rid, h in self._live.items():
-            if id(h) not in waiting:
-                by_store.setdefault(id(h.store), (h.store, []))[1].append(rid)
+        for rid, h in list(self._live.items()):
+            by_store.setdefault(id(h.store), (h.store, []))[1].append(rid)
         for store in (s for s in (self.store, self.local) if s is not None):
             rids = by_store.get(id(store), (store, []))[1]
             if store is self.store and self.shared:
@@ -348,6 +352,7 @@ class QuotaGate:
             "unreturned_tokens": m.unreturned_tokens,
             "late_settles": m.late_settles,
             "outbox_applied": m.outbox_applied,
+            "replayed": m.replayed,
             "outages": m.outages,
             "local_reserves": m.local_reserves,
         }

@@ -12,6 +12,7 @@ renews; a crashed replica's holds are released when their lease runs out.
 Redis layout (prefix `sg:`), per scope `s`:
   w:{s}       ZSET  rid -> reserved at (ms)      the rpm/tpm sliding window
   wt:{s}      HASH  rid -> tokens                 (reserved, then actual)
+  ws:{s}      STR   the window's token sum        (kept with the entries: O(1) checks)
   live:{s}    SET   rids held now                 max_concurrency
   d:{s}:{day} HASH  prompt, completion, requests, reserved    (UTC day index)
   m:{s}:{mon} HASH  the same per calendar month (year * 12 + month - 1)
@@ -26,9 +27,9 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from pydantic import BaseModel, ConfigDict
 
@@ -107,7 +108,8 @@ class QuotaStore(Protocol):
 
     async def settle(self, r: Reserved, prompt_tokens: int, completion_tokens: int) -> bool:
         """Charge the actual usage and refund the rest; (0, 0) releases (the request is not
-        counted). False when the lease had already run out (the usage is charged anyway)."""
+        counted). False when the lease had already run out (the usage is charged anyway).
+        Idempotent: settling the same reservation again changes nothing."""
         ...
 
     async def renew(self, rids: Sequence[str]) -> list[str]:
@@ -146,7 +148,36 @@ class _Counts:
 @dataclass
 class _Scope:
     window: OrderedDict[str, WindowEntry] = field(default_factory=OrderedDict)  # oldest first
+    tokens: int = 0  # the window's token sum, kept as entries come, change and go
     live: set[str] = field(default_factory=set)
+
+    def put(self, rid: str, entry: WindowEntry) -> None:
+        old = self.window.get(rid)
+        self.tokens += entry.tokens - (old.tokens if old else 0)
+        self.window[rid] = entry
+
+    def drop(self, rid: str) -> None:
+        self.tokens -= self.window.pop(rid).tokens
+
+
+class _WindowView(Sequence[WindowEntry]):
+    """The window's entries, oldest first, without copying them (read only on a refusal)."""
+
+    def __init__(self, window: OrderedDict[str, WindowEntry]) -> None:
+        self._w = window
+
+    def __len__(self) -> int:
+        return len(self._w)
+
+    def __iter__(self) -> Iterator[WindowEntry]:
+        return iter(self._w.values())
+
+    @overload
+    def __getitem__(self, i: int) -> WindowEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[WindowEntry]: ...
+    def __getitem__(self, i: int | slice) -> WindowEntry | Sequence[WindowEntry]:
+        return list(self._w.values())[i]
 
 
 class MemoryQuotaStore:
@@ -163,6 +194,7 @@ class MemoryQuotaStore:
         self._periods: dict[tuple[str, str, int], _Counts] = {}
         self._records: dict[str, Reserved] = {}
         self._leases: dict[str, int] = {}
+        self._done: OrderedDict[str, tuple[str, int]] = OrderedDict()  # rid -> (settled | expired, when)
         self._keys: dict[str, KeyRecord] = {}
         self._expired = 0
         self._late = 0
@@ -174,13 +206,15 @@ class MemoryQuotaStore:
             rid, e = next(iter(sc.window.items()))
             if e.at_ms > edge:
                 break
-            del sc.window[rid]
+            sc.drop(rid)
         return sc
 
     def _period(self, s: str, kind: str, index: int) -> _Counts:
         return self._periods.setdefault((s, kind, index), _Counts())
 
     async def reserve(self, rid: str, scopes: Sequence[tuple[str, Limits]], cost: int) -> Reserved | Refused:
+        if rid in self._records:
+            return self._records[rid]  # a retry
         now = self._clock()
         self._sweep(now)
         day, month = quotas.day_index(now), quotas.month_index(now)
@@ -189,7 +223,9 @@ class MemoryQuotaStore:
             d, m = self._period(s, "d", day), self._period(s, "m", month)
             state = ScopeState(
                 live=len(sc.live),
-                window=tuple(sc.window.values()),
+                window_requests=len(sc.window),
+                window_tokens=sc.tokens,
+                window=_WindowView(sc.window),
                 day=Period(d.prompt + d.completion, d.reserved),
                 month=Period(m.prompt + m.completion, m.reserved),
             )
@@ -198,7 +234,7 @@ class MemoryQuotaStore:
                 return Refused(s, verdict)
         for s, _ in scopes:
             sc = self._scopes[s]
-            sc.window[rid] = WindowEntry(now, cost)
+            sc.put(rid, WindowEntry(now, cost))
             sc.live.add(rid)
             self._period(s, "d", day).reserved += cost
             self._period(s, "m", month).reserved += cost
@@ -207,11 +243,12 @@ class MemoryQuotaStore:
         self._leases[rid] = now + self.lease_ms
         return r
 
-    def _finish(self, rid: str, prompt: int, completion: int) -> bool:
+    def _finish(self, rid: str, prompt: int, completion: int, how: str) -> bool:
         self._leases.pop(rid, None)
         r = self._records.pop(rid, None)
         if r is None:
             return False
+        self._done[rid] = (how, self._clock())
         counted = prompt + completion > 0
         for s in r.scopes:
             sc = self._scopes[s]
@@ -223,15 +260,18 @@ class MemoryQuotaStore:
                     c.requests += 1
             if rid in sc.window:
                 if counted:
-                    sc.window[rid] = WindowEntry(sc.window[rid].at_ms, prompt + completion)
+                    sc.put(rid, WindowEntry(sc.window[rid].at_ms, prompt + completion))
                 else:
-                    del sc.window[rid]
+                    sc.drop(rid)
             sc.live.discard(rid)
         return True
 
     async def settle(self, r: Reserved, prompt_tokens: int, completion_tokens: int) -> bool:
-        if self._finish(r.rid, prompt_tokens, completion_tokens):
+        if self._finish(r.rid, prompt_tokens, completion_tokens, "settled"):
             return True
+        if self._done.get(r.rid, ("", 0))[0] == "settled":
+            return True  # a repeat
+        self._done[r.rid] = ("settled", self._clock())
         self._late += 1
         if prompt_tokens + completion_tokens > 0:  # the hold is gone; the usage still counts
             for s in r.scopes:
@@ -252,9 +292,11 @@ class MemoryQuotaStore:
         return missing
 
     def _sweep(self, now: int) -> int:
+        while self._done and next(iter(self._done.values()))[1] < now - quotas.DAY_MS:
+            self._done.popitem(last=False)
         expired = [rid for rid, until in self._leases.items() if until <= now]
         for rid in expired:
-            self._finish(rid, 0, 0)
+            self._finish(rid, 0, 0, "expired")
         self._expired += len(expired)
         return len(expired)
 
@@ -271,7 +313,7 @@ class MemoryQuotaStore:
             day=PeriodUsage(quotas.day_label(day), d.prompt, d.completion, d.requests, d.reserved),
             month=PeriodUsage(quotas.month_label(month), m.prompt, m.completion, m.requests, m.reserved),
             window_requests=len(sc.window),
-            window_tokens=sum(e.tokens for e in sc.window.values()),
+            window_tokens=sc.tokens,
             live=len(sc.live),
         )
 
@@ -331,8 +373,9 @@ local function charge(k, prompt, completion, keep)
   redis.call('HINCRBY', k, 'requests', 1)
   redis.call('EXPIRE', k, keep)
 end
--- Settle (counted) or release (not counted) one reservation; 0 if it is gone.
-local function finish(p, rid, prompt, completion, keep_day, keep_month)
+-- Settle (counted) or release (not counted) one reservation; 0 if it is gone. A tombstone
+-- (done:{rid} = settled | expired) makes a repeated settle (a retry after a lost reply) a no-op.
+local function finish(p, rid, prompt, completion, keep_day, keep_month, how)
   redis.call('ZREM', p .. 'leases', rid)
   local r = p .. 'r:' .. rid
   local rec = redis.call('HMGET', r, 'scopes', 'cost', 'day', 'month')
@@ -347,24 +390,28 @@ local function finish(p, rid, prompt, completion, keep_day, keep_month)
       charge(dk, prompt, completion, keep_day)
       charge(mk, prompt, completion, keep_month)
     end
-    local w, wt = p .. 'w:' .. s, p .. 'wt:' .. s
+    local w, wt, ws = p .. 'w:' .. s, p .. 'wt:' .. s, p .. 'ws:' .. s
     if redis.call('ZSCORE', w, rid) then
+      local was = num(redis.call('HGET', wt, rid))
       if counted then
         redis.call('HSET', wt, rid, prompt + completion)
+        redis.call('INCRBY', ws, prompt + completion - was)
       else
         redis.call('ZREM', w, rid)
         redis.call('HDEL', wt, rid)
+        redis.call('INCRBY', ws, -was)
       end
     end
     redis.call('SREM', p .. 'live:' .. s, rid)
   end
   redis.call('DEL', r)
+  redis.call('SET', p .. 'done:' .. rid, how, 'EX', 86400)
   return 1
 end
 local function sweep(p, now, keep_day, keep_month)
   local expired = redis.call('ZRANGEBYSCORE', p .. 'leases', '-inf', now, 'LIMIT', 0, 100)
   for _, rid in ipairs(expired) do
-    finish(p, rid, 0, 0, keep_day, keep_month)
+    finish(p, rid, 0, 0, keep_day, keep_month, 'expired')
   end
   if #expired > 0 then redis.call('HINCRBY', p .. 'stats', 'expired', #expired) end
   return #expired
@@ -379,6 +426,8 @@ _LUA_RESERVE = r"""
 local p, rid = ARGV[1], ARGV[2]
 local cost, window, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local keep_day, keep_month, n = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local held = redis.call('HMGET', p .. 'r:' .. rid, 'day', 'month', 'at')
+if held[1] then return {1, tonumber(held[1]), tonumber(held[2]), tonumber(held[3])} end  -- a retry
 local now = now_ms()
 sweep(p, now, keep_day, keep_month)
 local day = fdiv(now, 86400000)
@@ -395,10 +444,14 @@ for i = 1, n do
   local rpm, tpm = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local daily, monthly, conc = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
   scopes[i] = s
-  local w, wt = p .. 'w:' .. s, p .. 'wt:' .. s
+  local w, wt, ws = p .. 'w:' .. s, p .. 'wt:' .. s, p .. 'ws:' .. s
   local old = redis.call('ZRANGEBYSCORE', w, '-inf', now - window)
-  for _, o in ipairs(old) do redis.call('HDEL', wt, o) end
+  for _, o in ipairs(old) do
+    redis.call('INCRBY', ws, -num(redis.call('HGET', wt, o)))
+    redis.call('HDEL', wt, o)
+  end
   if #old > 0 then redis.call('ZREMRANGEBYSCORE', w, '-inf', now - window) end
+  if redis.call('EXISTS', w) == 0 then redis.call('DEL', ws) end
   local live = redis.call('SCARD', p .. 'live:' .. s)
   if conc >= 0 and live + 1 > conc then return {0, i, 'concurrency', 1000, conc, live} end
   local count = redis.call('ZCARD', w)
@@ -407,8 +460,7 @@ for i = 1, n do
     return {0, i, 'rpm', math.max(1, tonumber(e[2]) + window - now), rpm, count}
   end
   if tpm >= 0 then
-    local held = 0
-    for _, v in ipairs(redis.call('HVALS', wt)) do held = held + tonumber(v) end
+    local held = num(redis.call('GET', ws))
     if cost > tpm then return {0, i, 'tpm_too_large', 0, tpm, cost} end
     if held + cost > tpm then
       local excess, freed, retry = held + cost - tpm, 0, window
@@ -434,11 +486,14 @@ for i = 1, n do
   end
 end
 for _, s in ipairs(scopes) do
-  local w, wt = p .. 'w:' .. s, p .. 'wt:' .. s
+  local w, wt, ws = p .. 'w:' .. s, p .. 'wt:' .. s, p .. 'ws:' .. s
   redis.call('ZADD', w, now, rid)
   redis.call('HSET', wt, rid, cost)
+  redis.call('INCRBY', ws, cost)
+  -- The three expire together, once every entry is older than the window.
   redis.call('PEXPIRE', w, window)
   redis.call('PEXPIRE', wt, window)
+  redis.call('PEXPIRE', ws, window)
   local dk, mk = p .. 'd:' .. s .. ':' .. day, p .. 'm:' .. s .. ':' .. month
   redis.call('HINCRBY', dk, 'reserved', cost)
   redis.call('EXPIRE', dk, keep_day)
@@ -446,18 +501,23 @@ for _, s in ipairs(scopes) do
   redis.call('EXPIRE', mk, keep_month)
   redis.call('SADD', p .. 'live:' .. s, rid)
 end
-redis.call('HSET', p .. 'r:' .. rid, 'scopes', table.concat(scopes, '\n'), 'cost', cost, 'day', day, 'month', month)
+redis.call('HSET', p .. 'r:' .. rid, 'scopes', table.concat(scopes, '\n'), 'cost', cost, 'day', day, 'month', month,
+  'at', now)
 redis.call('ZADD', p .. 'leases', now + lease, rid)
 return {1, day, month, now}
 """
 
 # ARGV: prefix, rid, prompt, completion, keep_day_s, keep_month_s, day, month, scopes...
-# Returns 1, or 0 when the lease had run out (the usage is charged to the periods anyway).
+# Returns 1; 0 when the lease had run out (the usage is charged to the periods anyway);
+# 2 when it was already settled (a repeat: nothing changes).
 _LUA_SETTLE = r"""
 local p, rid = ARGV[1], ARGV[2]
 local prompt, completion = tonumber(ARGV[3]), tonumber(ARGV[4])
 local keep_day, keep_month = tonumber(ARGV[5]), tonumber(ARGV[6])
-if finish(p, rid, prompt, completion, keep_day, keep_month) == 1 then return 1 end
+if finish(p, rid, prompt, completion, keep_day, keep_month, 'settled') == 1 then return 1 end
+local done = p .. 'done:' .. rid
+if redis.call('GET', done) == 'settled' then return 2 end
+redis.call('SET', done, 'settled', 'EX', 86400)
 redis.call('HINCRBY', p .. 'stats', 'late', 1)
 if prompt + completion > 0 then
   for i = 9, #ARGV do
@@ -546,7 +606,8 @@ class RedisQuotaStore:
         return self._redis
 
     async def reserve(self, rid: str, scopes: Sequence[tuple[str, Limits]], cost: int) -> Reserved | Refused:
-        args: list[str | int] = [self.prefix, rid, cost, self.window_ms, self.lease_ms, KEEP_DAY_S, KEEP_MONTH_S, len(scopes)]
+        args: list[str | int] = [self.prefix, rid, cost, self.window_ms, self.lease_ms, KEEP_DAY_S, KEEP_MONTH_S]
+        args.append(len(scopes))
         for s, lim in scopes:
             args += [
                 s,
@@ -575,7 +636,7 @@ class RedisQuotaStore:
             r.month,
             *r.scopes,
         ]
-        return int(await self._settle(args=args)) == 1
+        return int(await self._settle(args=args)) != 0
 
     async def renew(self, rids: Sequence[str]) -> list[str]:
         if not rids:

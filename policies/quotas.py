@@ -56,9 +56,15 @@ class Period:
 
 @dataclass(frozen=True, slots=True)
 class ScopeState:
-    """What a scope holds right now (the window already trimmed to `now - window`)."""
+    """What a scope holds right now (the window already trimmed to `now - window`).
+
+    The window's count and token sum are kept as running totals by the stores, so a
+    check costs O(1); its entries are read only to say how long a refused request waits.
+    """
 
     live: int = 0
+    window_requests: int = 0
+    window_tokens: int = 0
     window: Sequence[WindowEntry] = ()  # oldest first
     day: Period = Period()
     month: Period = Period()
@@ -113,22 +119,18 @@ def check(limits: Limits, state: ScopeState, cost: int, now_ms: int, window_ms: 
     """May a reservation of `cost` tokens be added to this scope now?"""
     if limits.max_concurrency is not None and state.live + 1 > limits.max_concurrency:
         return Deny(DenyReason.CONCURRENCY, CONCURRENCY_RETRY_MS, limits.max_concurrency, state.live)
-    if limits.rpm is not None and len(state.window) + 1 > limits.rpm:
+    if limits.rpm is not None and state.window_requests + 1 > limits.rpm:
         # Room comes when enough of the oldest entries have left the window.
-        oldest_needed = state.window[len(state.window) - limits.rpm]
+        oldest_needed = state.window[state.window_requests - limits.rpm]
         retry = oldest_needed.at_ms + window_ms - now_ms
-        return Deny(DenyReason.RPM, max(1, retry), limits.rpm, len(state.window))
+        return Deny(DenyReason.RPM, max(1, retry), limits.rpm, state.window_requests)
     if limits.tpm is not None:
-        held = sum(e.tokens for e in state.window)
+        held = state.window_tokens
         if cost > limits.tpm:
             return Deny(DenyReason.TPM_TOO_LARGE, 0, limits.tpm, cost)
         if held + cost > limits.tpm:
-            return Deny(
-                DenyReason.TPM,
-                _tokens_free_in(state.window, held + cost - limits.tpm, now_ms, window_ms),
-                limits.tpm,
-                held,
-            )
+            retry = _tokens_free_in(state.window, held + cost - limits.tpm, now_ms, window_ms)
+            return Deny(DenyReason.TPM, retry, limits.tpm, held)
     for budget, period, hard, soft, reset in (
         (limits.daily_tokens, state.day, DenyReason.DAILY, DenyReason.DAILY_IN_FLIGHT, day_end_ms(now_ms)),
         (limits.monthly_tokens, state.month, DenyReason.MONTHLY, DenyReason.MONTHLY_IN_FLIGHT, month_end_ms(now_ms)),

@@ -143,7 +143,8 @@ def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
     try:
         yield Server(base_url=base, log_path=log_path, proc=proc)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
+            os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

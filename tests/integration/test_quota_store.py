@@ -216,3 +216,37 @@ async def test_keys_are_stored_by_hash(make_store: StoreFactory) -> None:
     keys = await store.list_keys()
     assert [k.id for k in keys if k.id == "key_1"] == ["key_1"]
     assert next(k for k in keys if k.id == "key_1").revoked_at == 2.0
+
+
+async def test_repeats_change_nothing(make_store: StoreFactory) -> None:
+    """A retried call (its first reply lost) must not charge twice: reserve and settle are idempotent."""
+    store = await make_store()
+    scopes = [("key:a", Limits(daily_tokens=1000))]
+    r = await ok(store, scopes, 100)
+    again = await store.reserve(r.rid, scopes, 100)
+    assert again == r
+    assert (await store.usage("key:a")).day.reserved_tokens == 100
+    assert await store.settle(r, 10, 10)
+    assert await store.settle(r, 10, 10)
+    u = await store.usage("key:a")
+    assert (u.day.used, u.day.requests, u.day.reserved_tokens, u.window_tokens) == (20, 1, 0, 20)
+    # After an expiry, the first late settle counts and a repeat of it does not.
+    late = await ok(store, scopes, 100)
+    await asyncio.sleep(LEASE_S + 0.1)
+    await store.sweep()
+    assert not await store.settle(late, 5, 0)
+    await store.settle(late, 5, 0)
+    assert (await store.usage("key:a")).day.used == 25
+
+
+async def test_tpm_window_empties_and_released_tokens_leave_it(make_store: StoreFactory) -> None:
+    store = await make_store()
+    scopes = [("key:a", Limits(tpm=100))]
+    await store.settle(await ok(store, scopes, 60), 30, 30)
+    released = await ok(store, scopes, 40)
+    await store.settle(released, 0, 0)  # never ran: its tokens leave the window at once
+    await store.settle(await ok(store, scopes, 40), 20, 20)
+    assert (await refused(store, scopes, 1)).deny.reason is DenyReason.TPM
+    await asyncio.sleep(WINDOW_S + 0.1)  # every entry is older than the window now
+    await store.settle(await ok(store, scopes, 100), 50, 50)  # the whole limit is free again
+    assert (await store.usage("key:a")).window_tokens == 100

@@ -11,6 +11,16 @@ NOW = 1_798_000_000_000  # 2026-12-23 (UTC)
 W = 60_000
 
 
+def win(entries: list[WindowEntry], **kw: object) -> ScopeState:
+    """A scope state whose running totals match its window (as the stores keep them)."""
+    return ScopeState(
+        window_requests=len(entries),
+        window_tokens=sum(e.tokens for e in entries),
+        window=entries,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
 def test_unlimited_allows_anything() -> None:
     assert quotas.check(Limits(), ScopeState(live=10**6, day=Period(10**12, 10**12)), 10**9, NOW, W) is ALLOW
 
@@ -23,21 +33,21 @@ def test_concurrency() -> None:
 
 def test_rpm_waits_for_the_entry_that_makes_room() -> None:
     window = [WindowEntry(NOW - 50_000, 1), WindowEntry(NOW - 20_000, 1), WindowEntry(NOW - 1_000, 1)]
-    assert quotas.check(Limits(rpm=4), ScopeState(window=window), 1, NOW, W) is ALLOW
-    d = quotas.check(Limits(rpm=3), ScopeState(window=window), 1, NOW, W)
+    assert quotas.check(Limits(rpm=4), win(window), 1, NOW, W) is ALLOW
+    d = quotas.check(Limits(rpm=3), win(window), 1, NOW, W)
     assert d == Deny(DenyReason.RPM, 10_000, 3, 3)  # the oldest leaves in 10 s
-    d = quotas.check(Limits(rpm=2), ScopeState(window=window), 1, NOW, W)
+    d = quotas.check(Limits(rpm=2), win(window), 1, NOW, W)
     assert isinstance(d, Deny) and d.retry_after_ms == 40_000  # two must leave: the second in 40 s
     edge = [WindowEntry(NOW - W, 1)]  # leaves exactly now: never a zero wait
-    assert quotas.check(Limits(rpm=1), ScopeState(window=edge), 1, NOW, W) == Deny(DenyReason.RPM, 1, 1, 1)
+    assert quotas.check(Limits(rpm=1), win(edge), 1, NOW, W) == Deny(DenyReason.RPM, 1, 1, 1)
 
 
 def test_tpm() -> None:
     window = [WindowEntry(NOW - 30_000, 40), WindowEntry(NOW - 10_000, 50)]
-    assert quotas.check(Limits(tpm=100), ScopeState(window=window), 10, NOW, W) is ALLOW
-    d = quotas.check(Limits(tpm=100), ScopeState(window=window), 20, NOW, W)
+    assert quotas.check(Limits(tpm=100), win(window), 10, NOW, W) is ALLOW
+    d = quotas.check(Limits(tpm=100), win(window), 20, NOW, W)
     assert d == Deny(DenyReason.TPM, 30_000, 100, 90)  # 10 too many: the first entry (40) frees enough
-    d = quotas.check(Limits(tpm=100), ScopeState(window=window), 60, NOW, W)
+    d = quotas.check(Limits(tpm=100), win(window), 60, NOW, W)
     assert isinstance(d, Deny) and d.retry_after_ms == 50_000  # 50 too many: both must leave
     d = quotas.check(Limits(tpm=100), ScopeState(), 101, NOW, W)
     assert d == Deny(DenyReason.TPM_TOO_LARGE, 0, 100, 101) and not d.reason.retryable
@@ -64,7 +74,7 @@ def test_budgets(limits: Limits, hard: DenyReason, soft: DenyReason, reset: int)
 
 def test_checks_run_in_order_concurrency_first() -> None:
     everything = Limits(rpm=1, tpm=1, daily_tokens=1, monthly_tokens=1, max_concurrency=1)
-    full = ScopeState(live=1, window=[WindowEntry(NOW, 1)], day=Period(1), month=Period(1))
+    full = win([WindowEntry(NOW, 1)], live=1, day=Period(1), month=Period(1))
     d = quotas.check(everything, full, 1, NOW, W)
     assert isinstance(d, Deny) and d.reason is DenyReason.CONCURRENCY
 
