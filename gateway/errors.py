@@ -209,7 +209,9 @@ def _human(seconds: float) -> str:
         return f"{seconds:.3g}s"
     if seconds < 3600:
         return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def from_exception(exc: BaseException) -> GatewayError:

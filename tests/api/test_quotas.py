@@ -388,15 +388,58 @@ def quota_stats_for(server: Server, key: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- outage (stops Redis)
 
 
+class SteadyLoad:
+    """Requests to both replicas, one after another, in a thread of their own, for as long
+    as it runs: what each replica answered, and the usage the clients were given."""
+
+    def __init__(self, p: Pair, key: str) -> None:
+        self.pair, self.key = p, key
+        self.codes: dict[str, list[int]] = {"a": [], "b": []}
+        self.returned = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "ignore_eos": True}
+        auth = {"Authorization": f"Bearer {self.key}"}
+        async with httpx.AsyncClient(timeout=120) as c:
+            i = 0
+            while not self._stop.is_set():
+                name, server = ("a", self.pair.a) if i % 2 == 0 else ("b", self.pair.b)
+                i += 1
+                try:
+                    r = await c.post(f"{server.api}/chat/completions", json=body, headers=auth)
+                except httpx.HTTPError as e:  # a replica that stopped answering: a failure
+                    self.errors.append(e)
+                    continue
+                self.codes[name].append(r.status_code)
+                if r.status_code == 200:
+                    self.returned += r.json()["usage"]["total_tokens"]
+                await asyncio.sleep(0.05)
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_redis_outage_closed_and_open_then_recovery(pair: Pair) -> None:
     key_id, key = create_key(pair.a, "frank", rpm=3)
+    steady_id, steady_key = create_key(pair.a, "steady")
     scope = f"key:{key_id}"
     returned = 0
-    for s in pair.both:  # both replicas know the key before the outage
+    for s in pair.both:  # both replicas know the keys before the outage
         r = chat(s, key, max_tokens=4)
         assert r.status_code == 200
         returned += r.json()["usage"]["total_tokens"]
+        assert chat(s, steady_key, max_tokens=1).status_code == 200
     time.sleep(WINDOW_S)  # an empty rpm window
+    load = SteadyLoad(pair, steady_key).__enter__()  # runs until after the recovery
+    already = period(pair, f"key:{steady_id}")
 
     # Requests in flight when Redis goes: they were reserved in Redis and settle during the outage.
     async def long(server: Server) -> int:
@@ -406,9 +449,16 @@ def test_redis_outage_closed_and_open_then_recovery(pair: Pair) -> None:
             assert r.status_code == 200, r.text
             return int(r.json()["usage"]["total_tokens"])
 
+    async def reserved(n: int) -> None:  # until both hold their reservation in Redis
+        rdb = pair.r()
+        deadline = time.monotonic() + 60
+        while rdb.scard(f"{PREFIX}live:{scope}") < n:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
     loop = asyncio.new_event_loop()
     in_flight = [loop.create_task(long(s)) for s in pair.both]
-    loop.run_until_complete(asyncio.sleep(0.5))
+    loop.run_until_complete(reserved(2))
     pair.redis.stop()
     try:
         closed = chat(pair.a, key)
@@ -449,6 +499,25 @@ def test_redis_outage_closed_and_open_then_recovery(pair: Pair) -> None:
         time.sleep(0.2)
     assert day.get("prompt", 0) + day.get("completion", 0) == returned, (day, returned)
     assert quota_stats_for(pair.b, key)["replayed"] >= 3 and not quota_stats_for(pair.a, key)["down"]
+    # The steady load through it all: A said 503 while Redis was away, B kept serving, neither
+    # failed otherwise; and Redis recorded every token the steady clients were given.
+    time.sleep(1)
+    load.__exit__()
+    assert not load.errors, load.errors
+    assert set(load.codes["a"]) == {200, 503} and set(load.codes["b"]) == {200}, load.codes
+    deadline = time.monotonic() + 15
+    while True:
+        d = wait_settled(pair, f"key:{steady_id}")
+        recorded = d.get("prompt", 0) + d.get("completion", 0) - already.get("prompt", 0) - already.get("completion", 0)
+        if recorded == load.returned or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert recorded == load.returned, (recorded, load.returned)
+    a, b = load.codes["a"], load.codes["b"]
+    print(
+        f"\nsteady load through the outage: A {a.count(200)} x 200, {a.count(503)} x 503; B {b.count(200)} x 200; "
+        f"recorded {recorded} tokens == returned {load.returned}"
+    )
 
 
 def test_a_crashed_replica_s_holds_expire(pair: Pair) -> None:

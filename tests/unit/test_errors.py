@@ -33,3 +33,26 @@ def test_bugs_become_a_500_without_details() -> None:
     e = from_exception(KeyError("secret internals"))
     assert isinstance(e, InternalError) and e.status == 500
     assert "secret" not in e.message
+
+
+def test_quota_refusals_speak_the_sdk_s_language() -> None:
+    from gateway.errors import from_quota_refusal
+    from policies.quotas import Deny, DenyReason
+
+    rpm = from_quota_refusal("key:k1", Deny(DenyReason.RPM, 1500, 60, 60), 100)
+    assert (rpm.status, rpm.code, rpm.error_type) == (429, "rate_limit_exceeded", "requests")
+    assert rpm.headers["Retry-After"] == "2" and rpm.headers["retry-after-ms"] == "1500"
+    assert "x-should-retry" not in rpm.headers and "requests per minute" in rpm.message
+    spent = from_quota_refusal("team:lab", Deny(DenyReason.MONTHLY, 3_600_000 * 50, 10, 10), 5)
+    assert (spent.code, spent.error_type, spent.headers["x-should-retry"]) == (
+        "insufficient_quota",
+        "insufficient_quota",
+        "false",
+    )
+    assert "team lab" in spent.message and "resets in 2.1" in spent.message
+    big = from_quota_refusal("key:k1", Deny(DenyReason.TPM_TOO_LARGE, 0, 100, 500), 500)
+    assert "Retry-After" not in big.headers and big.headers["x-should-retry"] == "false" and big.error_type == "tokens"
+    held = from_quota_refusal("key:k1", Deny(DenyReason.DAILY_IN_FLIGHT, 1000, 100, 90), 20)
+    assert held.code == "rate_limit_exceeded" and "in flight" in held.message
+    conc = from_quota_refusal("key:k1", Deny(DenyReason.CONCURRENCY, 1000, 2, 2), 20)
+    assert "concurrent requests" in conc.message and conc.body()["error"]["type"] == "requests"
