@@ -165,7 +165,8 @@ class QuotaGate:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._outbox and not self.is_down:
-            await self._flush()
+            with contextlib.suppress(StoreDown):
+                await self._flush()
         if self._outbox:
             log.error("quota: %d settlements could not reach the store before shutdown", len(self._outbox))
         await self.store.close()
@@ -327,7 +328,7 @@ class QuotaGate:
         for store in (s for s in (self.store, self.local) if s is not None):
             rids = by_store.get(id(store), (store, []))[1]
             if store is self.store and self.shared:
-                missing = await self._shared(lambda st=store, r=rids: st.renew(r)) if rids else []  # type: ignore[misc]
+                missing = await self._shared(functools.partial(store.renew, rids)) if rids else []
                 await self._shared(self.store.sweep)
             else:
                 missing = await store.renew(rids)

@@ -67,3 +67,20 @@ def test_missing_model_dirs_are_named(tmp_path: Path) -> None:
         models=(ModelSettings(name="a", path="ok"), ModelSettings(name="b", path="gone")), base_dir=str(tmp_path)
     )
     assert s.missing_model_dirs() == [f"model 'b': {tmp_path / 'gone'} has no config.json"]
+
+
+def test_quota_teams_are_checked() -> None:
+    from gateway.settings import ApiKey, AuthSettings, KeyLimits, QuotaSettings, TeamSettings, hash_key
+
+    with pytest.raises(ValidationError, match="team 'lab' is not in quotas.teams"):
+        Settings(
+            models=(ModelSettings(name="a", path="x"),),
+            auth=AuthSettings(keys=(ApiKey(name="k", sha256=hash_key("k"), team="lab"),)),
+        )
+    with pytest.raises(ValidationError, match="team names must be unique"):
+        QuotaSettings(teams=(TeamSettings(name="t"), TeamSettings(name="t")))
+    with pytest.raises(ValidationError):
+        KeyLimits(rpm=0)  # zero would refuse everything: leave the key out instead
+    base = KeyLimits(rpm=10, tpm=100, priority="batch")
+    assert KeyLimits(tpm=5).over(base) == KeyLimits(rpm=10, tpm=5, priority="batch")
+    assert KeyLimits().over(base) is base
