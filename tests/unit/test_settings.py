@@ -72,7 +72,7 @@ def test_missing_model_dirs_are_named(tmp_path: Path) -> None:
 def test_quota_teams_are_checked() -> None:
     from gateway.settings import ApiKey, AuthSettings, KeyLimits, QuotaSettings, TeamSettings, hash_key
 
-    with pytest.raises(ValidationError, match="team 'lab' is not in quotas.teams"):
+    with pytest.raises(ValidationError, match=r"team 'lab' is not in quotas\.teams"):
         Settings(
             models=(ModelSettings(name="a", path="x"),),
             auth=AuthSettings(keys=(ApiKey(name="k", sha256=hash_key("k"), team="lab"),)),
