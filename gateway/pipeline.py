@@ -26,7 +26,8 @@ from gateway.errors import ContextLengthExceeded, EngineUnavailableError, Invali
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
-from policies import kv, tokens
+from gateway.templates import history_prefix
+from policies import kv, prefix, tokens
 from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
 
@@ -59,6 +60,8 @@ class Job:
     # prefilled it (admission makes its blocks shareable and reconciles hits).
     on_prefill: Callable[[int], None] | None = field(default=None, compare=False)
     meter: Meter = field(default_factory=Meter, compare=False)
+    # What prompt normalization changed ("off" when it did not run), for a response header.
+    prefix_changes: tuple[str, ...] = ("off",)
 
     @property
     def worst_case_tokens(self) -> int:
@@ -183,14 +186,11 @@ async def prepare_chat(
     served = _resolve(registry, req.model, principal)
     _check_common(req, limits)
     messages = _messages_for_template(req.messages)
+    policy = _prefix_policy(served, principal)
     try:
         # Tokenizing a long prompt takes milliseconds: keep the event loop free.
-        prompt = await asyncio.to_thread(
-            tokens.render_chat,
-            served.tokenizer,
-            messages,
-            tools=req.tools,
-            template_kwargs=req.chat_template_kwargs,
+        prompt, changes = await asyncio.to_thread(
+            _render, served, messages, req.tools, req.chat_template_kwargs, policy
         )
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
@@ -201,6 +201,7 @@ async def prepare_chat(
         request_id=job_id,
         prompt_token_ids=prompt.token_ids,
         sampling=_sampling(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=None),
+        cache_salt=_cache_salt(served, principal),
     )
     return Job(
         kind="chat",
@@ -214,7 +215,49 @@ async def prepare_chat(
         stream=req.stream,
         include_usage=req.include_usage,
         logprobs=top,
+        prefix_changes=changes,
     )
+
+
+def _prefix_policy(served: ServedModel, principal: Principal) -> prefix.PrefixPolicy | None:
+    """The model's normalization settings, unless the key turns normalization off (or on)."""
+    cfg = served.settings.prefix
+    wanted = principal.limits.normalize_prompts
+    if not (cfg.normalize if wanted is None else wanted):
+        return None
+    return prefix.PrefixPolicy(
+        merge_system=cfg.merge_system,
+        canonical_tools=cfg.canonical_tools,
+        move_volatile=cfg.move_volatile,
+        volatile_patterns=cfg.volatile_patterns or prefix.DEFAULT_VOLATILE_PATTERNS,
+        stable_history=cfg.stable_history,
+    )
+
+
+def _render(
+    served: ServedModel,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
+    policy: prefix.PrefixPolicy | None,
+) -> tuple[tokens.Prompt, tuple[str, ...]]:
+    changes: tuple[str, ...] = ("off",)
+    if policy is not None:
+        hp = history_prefix(served.tokenizer, template_kwargs) if policy.stable_history else ""
+        norm = prefix.normalize(messages, tools, policy, history_prefix=hp)
+        messages, tools, changes = norm.messages, norm.tools, norm.changes
+    prompt = tokens.render_chat(served.tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
+    return prompt, changes
+
+
+def _cache_salt(served: ServedModel, principal: Principal) -> str | None:
+    """A separate prefix cache per team (or user), when the model isolates tenants."""
+    isolation = served.settings.prefix.cache_isolation
+    if isolation == "team" and principal.team is not None:
+        return f"team:{principal.team}"
+    if isolation in ("team", "user"):
+        return f"user:{principal.name}"
+    return None
 
 
 async def prepare_completion(
@@ -245,6 +288,7 @@ async def prepare_completion(
                 logprobs=lp,
                 prompt_logprobs=lp if (req.echo and lp is not None) else None,
             ),
+            cache_salt=_cache_salt(served, principal),
         )
         for i, p in enumerate(prompts)
     )

@@ -74,6 +74,7 @@ class KeyLimits(_Model):
     # The default admission class, and the most urgent one a request header may ask for.
     priority: PriorityClass | None = None
     slo_class: str | None = None  # default latency class (used by routing)
+    normalize_prompts: bool | None = None  # prefix-cache normalization (None: the model's setting)
 
     def over(self, base: KeyLimits) -> KeyLimits:
         """These limits, with unset fields taken from `base`."""
@@ -154,6 +155,30 @@ class QuotaSettings(_Model):
         return next((t for t in self.teams if t.name == name), None)
 
 
+class PrefixSettings(_Model):
+    """Prompt normalization for the prefix cache (policies/prefix.py), per model."""
+
+    normalize: bool = True  # a key may turn it off (`normalize_prompts: false`)
+    merge_system: bool = True
+    canonical_tools: bool = True
+    move_volatile: bool = True
+    volatile_patterns: tuple[str, ...] | None = None  # None: policies.prefix.DEFAULT_VOLATILE_PATTERNS
+    stable_history: bool = True
+    # Separate prefix caches per team or per user (vLLM's cache_salt): one tenant cannot
+    # learn from timing whether another's prompt is cached.
+    cache_isolation: Literal["none", "team", "user"] = "none"
+
+    @field_validator("volatile_patterns")
+    @classmethod
+    def _regexes(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for p in v or ():
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"volatile_patterns: {p!r} is not a regular expression: {e}") from None
+        return v
+
+
 class ModelSettings(_Model):
     """One served model: where it lives and how its engine runs."""
 
@@ -188,6 +213,7 @@ class ModelSettings(_Model):
     # longest prompt + max_tokens accepted (None: max_model_len).
     max_concurrency: int | None = Field(None, ge=1)
     max_context: int | None = Field(None, ge=16)
+    prefix: PrefixSettings = PrefixSettings()
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod

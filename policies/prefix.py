@@ -93,10 +93,11 @@ def normalize(
 
     if policy.move_volatile and lead:
         patterns = [re.compile(p, re.IGNORECASE) for p in policy.volatile_patterns]
-        kept_lines, moved_lines = [], []
+        kept_lines: list[str] = []
+        moved_lines: list[str] = []
         for m in out[:lead]:
             text = _text(m)
-            keep = []
+            keep: list[str] = []
             for line in text.split("\n"):
                 (moved_lines if any(p.search(line) for p in patterns) else keep).append(line)
             kept_lines.append("\n".join(keep).strip("\n"))

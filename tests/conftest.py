@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 API_KEY = "sk-test-key"
 OTHER_KEY = "sk-test-other"
+RAW_KEY = "sk-test-raw"  # prompt normalization off
 OTHER_MAX_CONTEXT = 256
 DENSE = "tiny-dense"
 MOE = "tiny-moe"
@@ -70,6 +71,7 @@ def test_config(tmp: Path, port: int) -> Path:
                 {"name": "tester", "sha256": hash_key(API_KEY)},
                 # A key with its own limits: a short context and the batch class.
                 {"name": "other", "sha256": hash_key(OTHER_KEY), "max_context": OTHER_MAX_CONTEXT, "priority": "batch"},
+                {"name": "raw", "sha256": hash_key(RAW_KEY), "normalize_prompts": False},
             ],
         },
         "models": [

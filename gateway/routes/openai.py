@@ -19,6 +19,7 @@ from gateway.deps import AppState, Caller, Counters, State
 from gateway.pipeline import Job, abort, prepare_chat, prepare_completion
 from gateway.quota import Hold
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from policies import prefix
 from policies.admission import Demand
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,12 @@ async def _run(job: Job, state: State, request: Request, holds: _Holds) -> Respo
         "X-Sparkgate-Model": job.served.name,
         "X-Sparkgate-Queue-Wait-Ms": str(round(ticket.waited_s * 1000)),
         "X-Sparkgate-Admission-Seq": str(ticket.seq),
+        # What normalization changed, and how much of the first prompt a later request can
+        # reuse from the cache (whole blocks; the cached count itself is in the usage).
+        "X-Sparkgate-Prefix": ",".join(job.prefix_changes) or "none",
+        "X-Sparkgate-Cacheable-Tokens": str(
+            prefix.cacheable_tokens(len(job.prompts[0]), job.served.engine.kv_spec.block_size)
+        ),
     }
     if job.stream:
         return _TicketedStream(
@@ -214,7 +221,8 @@ async def _run(job: Job, state: State, request: Request, holds: _Holds) -> Respo
         counters.by_model_inflight[name] -= 1
         holds.release()
     counters.completed += 1
-    return JSONResponse(body, headers=headers)
+    cached = (body.get("usage") or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return JSONResponse(body, headers=headers | {"X-Sparkgate-Cached-Tokens": str(cached)})
 
 
 @router.post("/chat/completions")
