@@ -12,8 +12,10 @@ that what is shared comes first and stays byte-identical across requests and tur
    ordered by name. Lists keep their order (an enum's order may matter).
 3. Volatile lines in those leading instructions (a timestamp, a date, a UUID, a
    request id; the patterns are configurable) move out of the shared prefix into
-   a short system note placed just before the latest user turn, so the model
-   still sees them.
+   a short system note placed just after the latest user turn, so the model still
+   sees them. After, not before: the next turn's prompt then still shares the
+   latest user message (a pasted document, say) with this one; a note before it
+   would end the shared chain there.
 4. Past assistant turns are rendered as the model produced them. When the
    template's generation prompt carries a prefix that its history rendering drops
    (Qwen3's empty `<think>` block when thinking is off), that prefix is put back
@@ -43,7 +45,7 @@ DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = (
     r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* +\d{1,2},? +\d{4}\b",  # "November 29, 2026"
     r"\b\d{1,2} +(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* +\d{4}\b",  # "29 Nov 2026"
 )
-NOTE_HEADER = "Context for this turn (moved from the instructions above):"
+NOTE_HEADER = "Context for this turn (moved from the instructions):"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +107,9 @@ def normalize(
             for m, text in zip(out[:lead], kept_lines, strict=True):
                 m["content"] = text
             moved = tuple(moved_lines)
-            last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=len(out))
+            last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=len(out) - 1)
             note = {"role": "system", "content": NOTE_HEADER + "\n" + "\n".join(moved_lines)}
-            out.insert(last_user, note)
+            out.insert(last_user + 1, note)
             changes.append("volatile")
 
     if policy.stable_history and history_prefix:

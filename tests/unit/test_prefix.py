@@ -28,7 +28,7 @@ def check_invariants(before: list[dict], after: list[dict], history_prefix: str 
     assert moved == Counter(prefix.instructions(before))
 
 
-def test_volatile_lines_move_to_a_note_before_the_latest_user_turn() -> None:
+def test_volatile_lines_move_to_a_note_after_the_latest_user_turn() -> None:
     msgs = [
         {"role": "system", "content": system("2026-11-29T17:33:05Z")},
         {"role": "user", "content": "hi"},
@@ -37,8 +37,8 @@ def test_volatile_lines_move_to_a_note_before_the_latest_user_turn() -> None:
     ]
     out = normalize(msgs, None, ON)
     assert out.messages[0]["content"] == "You are the team's assistant.\nAnswer briefly."
-    assert out.messages[3] == {"role": "system", "content": f"{NOTE_HEADER}\nCurrent time: 2026-11-29T17:33:05Z"}
-    assert out.messages[4]["content"] == "what time is it?" and out.moved == ("Current time: 2026-11-29T17:33:05Z",)
+    assert out.messages[4] == {"role": "system", "content": f"{NOTE_HEADER}\nCurrent time: 2026-11-29T17:33:05Z"}
+    assert out.messages[3]["content"] == "what time is it?" and out.moved == ("Current time: 2026-11-29T17:33:05Z",)
     assert "volatile" in out.changes
     check_invariants(msgs, out.messages)
     # Another user, another second: the shared prefix is now identical.
