@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gateway.errors import AuthenticationFailed, PermissionDenied
 from gateway.quota_store import KeyRecord
@@ -66,6 +67,19 @@ ANONYMOUS = Principal("anonymous")
 KeyLookup = Callable[[str], Awaitable[KeyRecord | None]]
 
 
+T = TypeVar("T")
+
+
+def _match(digest: bytes, entries: Sequence[tuple[bytes, T]]) -> T | None:
+    """The entry whose stored hash is `digest`. Every entry is compared (no early exit),
+    so timing reveals nothing about which keys exist."""
+    found: T | None = None
+    for stored, value in entries:
+        if hmac.compare_digest(digest, stored):
+            found = value
+    return found
+
+
 def bearer(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip()
@@ -113,11 +127,7 @@ class KeyRing:
         if not self._required:
             return self.anonymous
         digest = hashlib.sha256(bearer(authorization).encode()).digest()
-        found: Principal | None = None
-        # Compare against every configured key (no early exit), so timing reveals nothing.
-        for stored, principal in self._keys:
-            if hmac.compare_digest(digest, stored):
-                found = principal
+        found = _match(digest, self._keys)
         if found is not None:
             return found
         if self._lookup is not None:
@@ -129,10 +139,7 @@ class KeyRing:
     async def authenticate_admin(self, authorization: str | None) -> str:
         """The admin key's name. A valid user key gets 403, an unknown key 401."""
         digest = hashlib.sha256(bearer(authorization).encode()).digest()
-        found: str | None = None
-        for stored, name in self._admins:
-            if hmac.compare_digest(digest, stored):
-                found = name
+        found = _match(digest, self._admins)
         if found is not None:
             return found
         if self._required:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 from gateway.auth import Principal
 from gateway.errors import QuotaUnavailable, from_quota_refusal
 from gateway.quota_store import KeyRecord, MemoryQuotaStore, QuotaStore, RedisQuotaStore, Refused, Reserved, ScopeUsage
-from gateway.settings import QuotaSettings
+from gateway.settings import KeyLimits, PooledLimits, QuotaSettings
 from policies.quotas import Limits
 
 log = logging.getLogger(__name__)
@@ -49,22 +50,18 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, asyncio.TimeoutError)
 
 
+def _counted(lim: KeyLimits | PooledLimits) -> Limits:
+    """The limits the store counts, from a key's or a team's settings."""
+    return Limits(lim.rpm, lim.tpm, lim.daily_tokens, lim.monthly_tokens, lim.max_concurrency)
+
+
 def scopes_of(principal: Principal) -> list[tuple[str, Limits]]:
     """The counters a request of this caller charges: its key (the key's limits), its
     team (the team's pooled limits) and its user (counted, for usage reports)."""
-    lim = principal.limits
-    scopes = [
-        (
-            principal.key_scope,
-            Limits(lim.rpm, lim.tpm, lim.daily_tokens, lim.monthly_tokens, lim.max_concurrency),
-        )
-    ]
-    if principal.team is not None:
-        p = principal.pooled
-        scopes.append(
-            (f"team:{principal.team}", Limits(p.rpm, p.tpm, p.daily_tokens, p.monthly_tokens, p.max_concurrency))
-        )
-    scopes.append((f"user:{principal.name}", Limits()))
+    scopes = [(principal.key_scope, _counted(principal.limits))]
+    if principal.team_scope is not None:
+        scopes.append((principal.team_scope, _counted(principal.pooled)))
+    scopes.append((principal.user_scope, Limits()))
     return scopes
 
 
@@ -208,20 +205,18 @@ class QuotaGate:
         return record
 
     async def put_key(self, record: KeyRecord) -> None:
-        try:
-            await self._shared(lambda: self.store.put_key(record))
-        except StoreDown:
-            raise self._unavailable() from None
+        await self._required(lambda: self.store.put_key(record))
 
     async def list_keys(self) -> list[KeyRecord]:
-        try:
-            return await self._shared(self.store.list_keys)
-        except StoreDown:
-            raise self._unavailable() from None
+        return await self._required(self.store.list_keys)
 
     async def usage(self, scope: str) -> ScopeUsage:
+        return await self._required(lambda: self.store.usage(scope))
+
+    async def _required(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A call that has no local fallback: 503 while the shared store is away."""
         try:
-            return await self._shared(lambda: self.store.usage(scope))
+            return await self._shared(call)
         except StoreDown:
             raise self._unavailable() from None
 
@@ -322,11 +317,9 @@ class QuotaGate:
                 log.exception("quota maintenance failed")
 
     async def _renew_and_sweep(self) -> None:
-        by_store: dict[int, tuple[QuotaStore, list[str]]] = {}
-        for rid, h in list(self._live.items()):
-            by_store.setdefault(id(h.store), (h.store, []))[1].append(rid)
+        live = list(self._live.items())
         for store in (s for s in (self.store, self.local) if s is not None):
-            rids = by_store.get(id(store), (store, []))[1]
+            rids = [rid for rid, h in live if h.store is store]
             if store is self.store and self.shared:
                 missing = await self._shared(functools.partial(store.renew, rids)) if rids else []
                 await self._shared(self.store.sweep)
@@ -337,23 +330,11 @@ class QuotaGate:
                 log.warning("quota hold %s lost its lease before it was settled", rid)
 
     def snapshot(self) -> dict[str, Any]:
-        m = self.metrics
         return {
             "store": self.settings.store,
             "on_outage": self.settings.on_outage,
             "down": self.is_down,
             "holds": len(self._live),
             "outbox": len(self._outbox),
-            "reserved": m.reserved,
-            "refused": dict(m.refused),
-            "settled": m.settled,
-            "released": m.released,
-            "prompt_tokens": m.prompt_tokens,
-            "completion_tokens": m.completion_tokens,
-            "unreturned_tokens": m.unreturned_tokens,
-            "late_settles": m.late_settles,
-            "outbox_applied": m.outbox_applied,
-            "replayed": m.replayed,
-            "outages": m.outages,
-            "local_reserves": m.local_reserves,
+            **dataclasses.asdict(self.metrics),
         }

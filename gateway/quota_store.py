@@ -144,6 +144,11 @@ class _Counts:
     requests: int = 0
     reserved: int = 0
 
+    def charge(self, prompt: int, completion: int) -> None:
+        self.prompt += prompt
+        self.completion += completion
+        self.requests += 1
+
 
 @dataclass
 class _Scope:
@@ -255,9 +260,7 @@ class MemoryQuotaStore:
             for c in (self._period(s, "d", r.day), self._period(s, "m", r.month)):
                 c.reserved -= r.cost
                 if counted:
-                    c.prompt += prompt
-                    c.completion += completion
-                    c.requests += 1
+                    c.charge(prompt, completion)
             if rid in sc.window:
                 if counted:
                     sc.put(rid, WindowEntry(sc.window[rid].at_ms, prompt + completion))
@@ -276,9 +279,7 @@ class MemoryQuotaStore:
         if prompt_tokens + completion_tokens > 0:  # the hold is gone; the usage still counts
             for s in r.scopes:
                 for c in (self._period(s, "d", r.day), self._period(s, "m", r.month)):
-                    c.prompt += prompt_tokens
-                    c.completion += completion_tokens
-                    c.requests += 1
+                    c.charge(prompt_tokens, completion_tokens)
         return False
 
     async def renew(self, rids: Sequence[str]) -> list[str]:

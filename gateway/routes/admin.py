@@ -65,6 +65,13 @@ async def _all_keys(state: AppState) -> list[KeyRecord]:
     return [*state.keys.configured, *await state.quota.list_keys()]
 
 
+async def _key(state: AppState, key_id: str) -> KeyRecord:
+    record = next((k for k in await _all_keys(state) if k.id == key_id), None)
+    if record is None:
+        raise RouteNotFound(f"No key with id {key_id!r}.", code="key_not_found")
+    return record
+
+
 @router.post("/admin/keys", status_code=201)
 async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONResponse:
     if body.team is not None and state.settings.quotas.team(body.team) is None:
@@ -97,9 +104,7 @@ async def list_keys(state: State, admin: Admin) -> dict[str, Any]:
 
 @router.delete("/admin/keys/{key_id}")
 async def revoke_key(key_id: str, state: State, admin: Admin) -> dict[str, Any]:
-    record = next((k for k in await _all_keys(state) if k.id == key_id), None)
-    if record is None:
-        raise RouteNotFound(f"No key with id {key_id!r}.", code="key_not_found")
+    record = await _key(state, key_id)
     if record.source == "config":
         raise InvalidRequest(f"Key {key_id!r} is defined in the config file; remove it there.", code="config_key")
     if record.revoked_at is None:
@@ -122,10 +127,7 @@ async def admin_usage(
     kind, value = given[0]
     body = _usage(await state.quota.usage(f"{kind}:{value}"), state.settings.quotas.window_s)
     if kind == "key":
-        record = next((k for k in await _all_keys(state) if k.id == value), None)
-        if record is None:
-            raise RouteNotFound(f"No key with id {value!r}.", code="key_not_found")
-        body["key"] = _public(record)
+        body["key"] = _public(await _key(state, value))
     return body
 
 

@@ -40,25 +40,19 @@ def test_a_timestamp_in_the_system_prompt_no_longer_breaks_the_cache(server: Ser
     topic = uuid.uuid4().hex  # nothing else in the cache shares this prefix
     results = {}
     for key in (API_KEY, RAW_KEY):
-        first = post(
-            server,
-            key,
-            {
-                "messages": [
-                    {"role": "system", "content": team_system("2026-11-29T10:00:01Z", topic + key)},
-                    {"role": "user", "content": "hi"},
-                ]
-            },
-        )
-        again = post(
-            server,
-            key,
-            {
-                "messages": [
-                    {"role": "system", "content": team_system("2026-11-29T10:00:07Z", topic + key)},
-                    {"role": "user", "content": "hi"},
-                ]
-            },
+        # The same request twice, six seconds apart by its system prompt's clock.
+        first, again = (
+            post(
+                server,
+                key,
+                {
+                    "messages": [
+                        {"role": "system", "content": team_system(stamp, topic + key)},
+                        {"role": "user", "content": "hi"},
+                    ]
+                },
+            )
+            for stamp in ("2026-11-29T10:00:01Z", "2026-11-29T10:00:07Z")
         )
         results[key] = (first, again)
     on_first, on_again = results[API_KEY]

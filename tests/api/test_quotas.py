@@ -129,10 +129,11 @@ def chat(server: Server, key: str, max_tokens: int = 8, **kw: Any) -> httpx.Resp
     )
 
 
-def stats_as(server: Server, key: str) -> dict[str, Any]:
+def quota_stats_for(server: Server, key: str) -> dict[str, Any]:
+    """The replica's quota counters (/sparkgate/stats wants a user's key)."""
     r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {key}"}, timeout=30)
     r.raise_for_status()
-    return r.json()  # type: ignore[no-any-return]
+    return r.json()["quota"]  # type: ignore[no-any-return]
 
 
 def period(p: Pair, scope: str, client: redis.Redis | None = None) -> dict[str, int]:
@@ -379,10 +380,6 @@ def test_budget_is_exact_under_load_from_two_replicas(pair: Pair) -> None:
         f"\nbudget {budget} ({fits} x {cost}): used {used}, peak held {peak}; {len(ok)} x 200, "
         f"{len(refusals)} x 429; leavers: {hung_up} hung up, {leaver_used} tokens charged"
     )
-
-
-def quota_stats_for(server: Server, key: str) -> dict[str, Any]:
-    return stats_as(server, key)["quota"]  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------- outage (stops Redis)
