@@ -1,0 +1,101 @@
+"""Which model serves a request: the best one predicted to meet its latency SLO. Pure.
+
+Candidates come ranked by quality (best first, from config) with their latency
+predicted under the load right now (policies/latency.py). An alias routes:
+`best` / `auto` take the best candidate that meets the SLO, degrading to faster
+ones; `fast` takes the fastest. An explicit model name is honoured; only a key
+that allows substitution gets another model when that one would miss. When no
+candidate can meet the SLO the answer is `NoRoute` with how long to wait, so the
+request is turned away before it queues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.latency import Prediction
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    name: str
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token
+    deadline_s: float | None = None  # the whole response (batch work)
+
+    def misses(self, p: Prediction, output_tokens: int) -> list[str]:
+        """Which objectives the prediction misses, as readable reasons (empty: it meets all)."""
+        out = []
+        if self.ttft_s is not None and p.ttft_s > self.ttft_s:
+            out.append(f"TTFT {p.ttft_s:.2f}s > {self.ttft_s:g}s")
+        if self.tpot_s is not None and p.tpot_s > self.tpot_s:
+            out.append(f"TPOT {p.tpot_s * 1000:.0f}ms > {self.tpot_s * 1000:g}ms")
+        if self.deadline_s is not None and p.total_s(output_tokens) > self.deadline_s:
+            out.append(f"total {p.total_s(output_tokens):.1f}s > {self.deadline_s:g}s")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    model: str
+    prediction: Prediction
+    available: bool = True  # the engine is up and the key may use it
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoute:
+    reason: str
+    retry_after_s: float
+
+
+def choose(
+    requested: str,
+    candidates: Sequence[Candidate],
+    slo: Slo,
+    output_tokens: int,
+    *,
+    aliases: dict[str, str],
+    allow_substitution: bool = False,
+) -> Route | NoRoute:
+    """`candidates` best first. `aliases` maps an alias to its strategy: "best" or "fast"."""
+    live = [c for c in candidates if c.available]
+    if not live:
+        return NoRoute("no model is available", 5.0)
+    strategy = aliases.get(requested)
+    if strategy is None:  # an explicit model
+        mine = next((c for c in live if c.model == requested), None)
+        if mine is not None and not slo.misses(mine.prediction, output_tokens):
+            return Route(mine.model, f"requested; meets {slo.name}")
+        if not allow_substitution:
+            why = "unavailable" if mine is None else "; ".join(slo.misses(mine.prediction, output_tokens))
+            return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
+        order = [c for c in live if c.model != requested]
+    elif strategy == "fast":
+        order = sorted(live, key=lambda c: c.prediction.total_s(output_tokens))
+    else:
+        order = list(live)
+    passed: list[str] = []
+    for c in order:
+        misses = slo.misses(c.prediction, output_tokens)
+        if not misses:
+            if not passed:
+                return Route(c.model, f"{strategy or 'substituted'}: meets {slo.name}")
+            return Route(c.model, f"degraded from {', '.join(passed)}: predicted to miss {slo.name}")
+        passed.append(f"{c.model} ({'; '.join(misses)})")
+    return NoRoute(f"no model meets the {slo.name} objective: {', '.join(passed)}", _wait(live, slo))
+
+
+def _wait(live: Sequence[Candidate], slo: Slo) -> float:
+    """How long until the least loaded candidate's queue could have drained enough."""
+    if slo.ttft_s is None:
+        return 5.0
+    excess = min(max(0.0, c.prediction.ttft_s - slo.ttft_s) for c in live)
+    return max(1.0, math.ceil(excess))

@@ -1,0 +1,56 @@
+"""policies/routing.py: the best model that meets the SLO, degrade, or turn away early."""
+
+from policies.latency import Prediction
+from policies.routing import Candidate, NoRoute, Route, Slo, choose
+
+INTERACTIVE = Slo("interactive", ttft_s=2.0, tpot_s=0.060)
+BATCH = Slo("batch", deadline_s=120.0)
+ALIASES = {"auto": "best", "best": "best", "fast": "fast"}
+
+
+def cands(best_ttft: float, mid_ttft: float = 1.0, fast_ttft: float = 0.3) -> list[Candidate]:
+    return [
+        Candidate("qwen3.8-27b", Prediction(best_ttft, 0.013)),  # smartest, slow
+        Candidate("flash-next", Prediction(mid_ttft, 0.018)),
+        Candidate("qwen3.6-35b-a3b", Prediction(fast_ttft, 0.006)),  # fastest
+    ]
+
+
+def test_best_model_that_meets_the_slo() -> None:
+    r = choose("auto", cands(1.5), INTERACTIVE, 200, aliases=ALIASES)
+    assert r == Route("qwen3.8-27b", "best: meets interactive")
+
+
+def test_degrades_under_load() -> None:
+    r = choose("auto", cands(9.0), INTERACTIVE, 200, aliases=ALIASES)
+    assert isinstance(r, Route) and r.model == "flash-next" and "degraded from qwen3.8-27b" in r.reason
+
+
+def test_turned_away_early_when_nothing_meets_it() -> None:
+    r = choose("auto", cands(9.0, 6.0, 3.4), INTERACTIVE, 200, aliases=ALIASES)
+    assert isinstance(r, NoRoute) and r.retry_after_s == 2.0 and "TTFT 3.40s > 2s" in r.reason
+
+
+def test_fast_alias_and_deadlines() -> None:
+    assert choose("fast", cands(1.0), INTERACTIVE, 200, aliases=ALIASES).model == "qwen3.6-35b-a3b"  # type: ignore[union-attr]
+    slow = [Candidate("a", Prediction(1.0, 1.0)), Candidate("b", Prediction(1.0, 0.1))]
+    r = choose("auto", slow, BATCH, 1000, aliases=ALIASES)
+    assert r == Route("b", "degraded from a (total 1000.0s > 120s): predicted to miss batch")
+    assert isinstance(choose("auto", slow, Slo("x", deadline_s=1), 1000, aliases=ALIASES), NoRoute)
+    assert choose("auto", slow, Slo("none"), 5, aliases=ALIASES).model == "a"  # type: ignore[union-attr]
+
+
+def test_explicit_names_are_honoured_and_substituted_only_when_allowed() -> None:
+    assert choose("qwen3.8-27b", cands(1.0), INTERACTIVE, 10, aliases=ALIASES).model == "qwen3.8-27b"  # type: ignore[union-attr]
+    no = choose("qwen3.8-27b", cands(9.0), INTERACTIVE, 10, aliases=ALIASES)
+    assert isinstance(no, NoRoute) and "qwen3.8-27b would miss" in no.reason
+    sub = choose("qwen3.8-27b", cands(9.0), INTERACTIVE, 10, aliases=ALIASES, allow_substitution=True)
+    assert sub == Route("flash-next", "substituted: meets interactive")
+    gone = choose("nope", cands(1.0), INTERACTIVE, 10, aliases=ALIASES)
+    assert isinstance(gone, NoRoute) and "unavailable" in gone.reason
+
+
+def test_nothing_available() -> None:
+    down = [Candidate("a", Prediction(0.1, 0.01), available=False)]
+    assert choose("auto", down, INTERACTIVE, 10, aliases=ALIASES) == NoRoute("no model is available", 5.0)
+    assert choose("auto", cands(9, 9, 9), Slo("t", tpot_s=0.001), 10, aliases=ALIASES).retry_after_s == 5.0  # type: ignore[union-attr]
