@@ -192,6 +192,11 @@ class Engine(Protocol):
     @property
     def is_healthy(self) -> bool: ...
 
+    def clock(self) -> float:
+        """The engine's time in seconds (monotonic): latency is measured with it. A
+        simulated engine's clock runs at its speed-up."""
+        ...
+
     @property
     def tokenizer(self) -> Any:
         """The model's own tokenizer (Hugging Face interface), for the gateway."""

@@ -260,6 +260,14 @@ DEFAULT_MODELS: dict[str, TinyModelSpec] = {
     "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
     "tiny-qwen3-swa": TinyModelSpec(architecture="qwen3_swa"),
     "tiny-gemma3-swa": TinyModelSpec(architecture="gemma3_swa"),
+    # The same architecture, wider and deeper: a slower model beside tiny-qwen3, for the
+    # routing test (config only: load it with load_format="dummy").
+    "tiny-qwen3-deep": TinyModelSpec(
+        architecture="qwen3",
+        overrides=dict(
+            hidden_size=768, num_hidden_layers=8, intermediate_size=3072, num_attention_heads=8, head_dim=96
+        ),
+    ),
 }
 
 

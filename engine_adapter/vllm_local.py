@@ -331,6 +331,9 @@ class VllmLocalEngine:
             raise EngineUnavailable(f"engine {self.name} is not started")
         return self._llm.get_tokenizer()
 
+    def clock(self) -> float:
+        return time.monotonic()
+
     @property
     def is_healthy(self) -> bool:
         llm = self._llm

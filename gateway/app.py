@@ -18,6 +18,7 @@ from gateway.auth import KeyRing
 from gateway.deps import AppState, Counters
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
+from gateway.router import Router
 from gateway.routes import admin, openai, ops
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
 from policies.admission import PoolLimits, QueueLimits
@@ -28,6 +29,9 @@ EngineFactory = Callable[[Settings, ModelSettings], Engine]
 
 
 def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
+    """The engine a model's settings ask for: vLLM in this process, or the simulated box."""
+    if model.engine == "simulated":
+        return simulated_engine(settings, model)
     from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
 
     path = str(settings.model_path(model))
@@ -52,6 +56,25 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
             cpu_cores=model.cpu_cores,
             compact_json=model.json_whitespace == "compact",
             extra_args=dict(model.engine_args),
+        )
+    )
+
+
+def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
+    from engine_adapter.simulated import SimEngineConfig, SimulatedEngine
+
+    assert model.simulated is not None  # settings validation guarantees it
+    return SimulatedEngine(
+        SimEngineConfig(
+            name=model.name,
+            model=model.simulated.model,
+            tokenizer=str(settings.model_path(model)),
+            speedup=model.simulated.speedup,
+            max_model_len=model.max_model_len,
+            max_num_seqs=model.max_num_seqs,
+            max_num_batched_tokens=model.max_num_batched_tokens or 4096,
+            kv_cache_bytes=model.kv_cache_bytes,
+            seed=model.seed,
         )
     )
 
@@ -114,6 +137,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 counters=Counters(),
                 admission=admission_control(settings, served),
                 quota=quota,
+                router=Router(settings.routing, served, settings.boxes()) if settings.routing.enabled else None,
             )
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield

@@ -11,6 +11,7 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing, Principal
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
+from gateway.router import Router
 from gateway.settings import Settings
 
 
@@ -33,6 +34,7 @@ class AppState:
     counters: Counters
     admission: AdmissionControl
     quota: QuotaGate
+    router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
 
 
 def get_state(request: Request) -> AppState:

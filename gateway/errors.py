@@ -10,6 +10,7 @@
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
      +-- RateLimited                    429   requests | tokens       rate_limit_exceeded
      |                                      insufficient_quota      insufficient_quota
+     +-- SloUnattainable                429   server_overloaded       slo_unattainable
      +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
      +-- QuotaUnavailable               503   server_error            quota_unavailable
      +-- EngineUnavailableError         503   server_error            engine_unavailable
@@ -109,6 +110,26 @@ class RateLimited(GatewayError):
     status = 429
     type = "requests"
     default_code = "rate_limit_exceeded"
+
+
+class SloUnattainable(GatewayError):
+    """No model is predicted to meet the request's latency objective. With a wait, the
+    load is the reason (retry then); without one, no model could meet it even idle."""
+
+    status = 429
+    type = "server_overloaded"
+    default_code = "slo_unattainable"
+
+    def __init__(self, message: str, *, retry_after_s: float | None) -> None:
+        if retry_after_s is None:
+            headers = {"x-should-retry": "false"}
+        else:
+            headers = {
+                "Retry-After": str(max(1, math.ceil(retry_after_s))),
+                "retry-after-ms": str(round(retry_after_s * 1000)),
+            }
+        super().__init__(message, headers=headers)
+        self.retry_after_s = retry_after_s
 
 
 class Overloaded(GatewayError):

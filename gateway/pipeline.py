@@ -9,6 +9,7 @@ and `run` without the routes changing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -24,6 +25,7 @@ from engine_adapter.base import (
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest, ModelNotFound
 from gateway.registry import ModelRegistry, ServedModel
+from gateway.router import Flight, RouteInfo, Router
 from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
 from gateway.templates import history_prefix
@@ -62,6 +64,9 @@ class Job:
     meter: Meter = field(default_factory=Meter, compare=False)
     # What prompt normalization changed ("off" when it did not run), for a response header.
     prefix_changes: tuple[str, ...] = ("off",)
+    # Routing's decision and the request's timing record (None when routing is off).
+    route: RouteInfo | None = None
+    flight: Flight | None = field(default=None, compare=False)
 
     @property
     def worst_case_tokens(self) -> int:
@@ -180,20 +185,94 @@ def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
         raise InvalidRequest("At most 16 stop sequences are allowed.", param="stop")
 
 
-async def prepare_chat(
-    req: ChatCompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
-) -> Job:
-    served = _resolve(registry, req.model, principal)
-    _check_common(req, limits)
-    messages = _messages_for_template(req.messages)
-    policy = _prefix_policy(served, principal)
+@dataclass(frozen=True)
+class Routing:
+    """What a request needs from routing: the router (None: routing is off) and its SLO header."""
+
+    router: Router | None = None
+    slo_header: str | None = None
+
+
+NO_ROUTING = Routing()
+
+
+def _candidates(registry: ModelRegistry, routing: Routing, model: str, principal: Principal) -> list[ServedModel]:
+    """The models this request may go to, best first. Without routing: the one it names."""
+    if routing.router is None:
+        return [_resolve(registry, model, principal)]
+    if not routing.router.is_alias(model):
+        _resolve(registry, model, principal)  # 404 for unknown or forbidden names
+    names = routing.router.candidates(model, principal, registry.resolve)
+    if not names:
+        raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+    return [registry.resolve(n) for n in names]
+
+
+def _route(
+    routing: Routing,
+    requested: str,
+    candidates: list[ServedModel],
+    principal: Principal,
+    prompt: tokens.Prompt,
+    requested_max_tokens: int | None,
+) -> tuple[ServedModel, RouteInfo | None]:
+    """Pick the model (routing on) among those whose context the prompt fits."""
+    if routing.router is None:
+        return candidates[0], None
+    fits = [c for c in candidates if len(prompt) < _context_limit(c, principal)] or candidates[:1]
+    out = requested_max_tokens or routing.router.settings.default_output_tokens
+    name, info = routing.router.route(
+        requested,
+        [c.name for c in fits],
+        principal,
+        routing.slo_header,
+        prompt.token_ids,
+        out,
+        _cache_salt(fits[0], principal),
+    )
+    return next(c for c in fits if c.name == name), info
+
+
+def _fly(routing: Routing, job: Job) -> Job:
+    """Start the job's timing record on the model routing chose."""
+    if routing.router is None or job.route is None:
+        return job
+    first = job.requests[0]
+    out = min(first.sampling.max_tokens, routing.router.settings.default_output_tokens)
+    flight = routing.router.fly(
+        job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route.tpot_objective
+    )
+    return dataclasses.replace(job, flight=flight)
+
+
+async def _render_for(
+    served: ServedModel,
+    messages: list[dict[str, Any]],
+    req: ChatCompletionRequest,
+    policy: prefix.PrefixPolicy | None,
+) -> tuple[tokens.Prompt, tuple[str, ...]]:
     try:
         # Tokenizing a long prompt takes milliseconds: keep the event loop free.
-        prompt, changes = await asyncio.to_thread(
-            _render, served, messages, req.tools, req.chat_template_kwargs, policy
-        )
+        return await asyncio.to_thread(_render, served, messages, req.tools, req.chat_template_kwargs, policy)
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
+
+
+async def prepare_chat(
+    req: ChatCompletionRequest,
+    registry: ModelRegistry,
+    principal: Principal,
+    limits: LimitSettings,
+    routing: Routing = NO_ROUTING,
+) -> Job:
+    candidates = _candidates(registry, routing, req.model, principal)
+    _check_common(req, limits)
+    messages = _messages_for_template(req.messages)
+    first = candidates[0]
+    prompt, changes = await _render_for(first, messages, req, _prefix_policy(first, principal))
+    served, info = _route(routing, req.model, candidates, principal, prompt, req.requested_max_tokens)
+    if served.tokenizer_id != first.tokenizer_id:  # counted with another vocabulary: count again
+        prompt, changes = await _render_for(served, messages, req, _prefix_policy(served, principal))
     max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     job_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -203,7 +282,7 @@ async def prepare_chat(
         sampling=_sampling(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=None),
         cache_salt=_cache_salt(served, principal),
     )
-    return Job(
+    job = Job(
         kind="chat",
         id=job_id,
         created=int(time.time()),
@@ -216,7 +295,9 @@ async def prepare_chat(
         include_usage=req.include_usage,
         logprobs=top,
         prefix_changes=changes,
+        route=info,
     )
+    return _fly(routing, job)
 
 
 def _prefix_policy(served: ServedModel, principal: Principal) -> prefix.PrefixPolicy | None:
@@ -260,11 +341,7 @@ def _cache_salt(served: ServedModel, principal: Principal) -> str | None:
     return None
 
 
-async def prepare_completion(
-    req: CompletionRequest, registry: ModelRegistry, principal: Principal, limits: LimitSettings
-) -> Job:
-    served = _resolve(registry, req.model, principal)
-    _check_common(req, limits)
+async def _completion_prompts(served: ServedModel, req: CompletionRequest) -> list[tokens.Prompt]:
     vocab_size = len(served.tokenizer)
     prompts = []
     for p in req.prompts:
@@ -276,6 +353,24 @@ async def prepare_completion(
             prompts.append(tokens.from_ids(served.tokenizer, p))
     if any(len(p) == 0 for p in prompts):
         raise InvalidRequest("Prompt must not be empty.", param="prompt")
+    return prompts
+
+
+async def prepare_completion(
+    req: CompletionRequest,
+    registry: ModelRegistry,
+    principal: Principal,
+    limits: LimitSettings,
+    routing: Routing = NO_ROUTING,
+) -> Job:
+    candidates = _candidates(registry, routing, req.model, principal)
+    _check_common(req, limits)
+    first = candidates[0]
+    prompts = await _completion_prompts(first, req)
+    longest = max(prompts, key=len)  # a multi-prompt request is routed by its longest prompt
+    served, info = _route(routing, req.model, candidates, principal, longest, req.max_tokens)
+    if served.tokenizer_id != first.tokenizer_id:
+        prompts = await _completion_prompts(served, req)
     job_id = f"cmpl-{uuid.uuid4().hex}"
     lp = req.logprobs
     requests = tuple(
@@ -292,7 +387,7 @@ async def prepare_completion(
         )
         for i, p in enumerate(prompts)
     )
-    return Job(
+    job = Job(
         kind="completion",
         id=job_id,
         created=int(time.time()),
@@ -305,7 +400,9 @@ async def prepare_completion(
         include_usage=req.include_usage,
         logprobs=lp,
         echo=req.echo,
+        route=info,
     )
+    return _fly(routing, job)
 
 
 def priority_of(principal: Principal, header: str | None) -> int:
@@ -356,16 +453,21 @@ async def _checked(
     meter: Meter,
     prompt_tokens: int,
     on_prefill: Callable[[int], None] | None = None,
+    flight: Flight | None = None,
 ) -> AsyncIterator[EngineChunk]:
     """Engine chunks; an engine-side abort becomes a 503. The meter counts the prompt
     at the first chunk and every output token; `on_prefill` gets the first chunk's
-    cached-token count (the prompt is in the engine's cache by then)."""
+    cached-token count (the prompt is in the engine's cache by then); the flight (routing's
+    timing record) sees when each output came."""
     first = True
     async for chunk in stream:
         if first:
             meter.prompt_tokens += prompt_tokens
             first = False
-        meter.completion_tokens += sum(len(c.token_ids) for c in chunk.choices)
+        new = sum(len(c.token_ids) for c in chunk.choices)
+        meter.completion_tokens += new
+        if flight is not None:
+            flight.tokens(new, chunk.num_cached_tokens)
         for c in chunk.choices:
             if c.finish_reason == "abort":
                 raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
@@ -383,7 +485,8 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
     """
     engine = job.served.engine
     if len(job.requests) == 1:
-        async for chunk in _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), job.on_prefill):
+        stream = _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), job.on_prefill, job.flight)
+        async for chunk in stream:
             yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
@@ -391,7 +494,11 @@ async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
     async def pump(i: int, request: EngineRequest) -> None:
         try:
             stream = engine.generate(request)
-            async for chunk in _checked(stream, job.meter, len(job.prompts[i]), job.on_prefill if i == 0 else None):
+            first = i == 0
+            checked = _checked(
+                stream, job.meter, len(job.prompts[i]), job.on_prefill if first else None, job.flight if first else None
+            )
+            async for chunk in checked:
                 await queue.put((i, chunk))
         except asyncio.CancelledError:
             raise

@@ -21,6 +21,11 @@ class ServedModel:
     def name(self) -> str:
         return self.settings.name
 
+    @property
+    def tokenizer_id(self) -> str:
+        """Models with the same id count tokens alike (a prompt rendered for one fits the other)."""
+        return self.settings.tokenizer or self.settings.path
+
 
 class ModelRegistry:
     def __init__(self, models: list[ServedModel]) -> None:

@@ -74,6 +74,9 @@ class KeyLimits(_Model):
     # The default admission class, and the most urgent one a request header may ask for.
     priority: PriorityClass | None = None
     slo_class: str | None = None  # default latency class (used by routing)
+    # Whether routing may serve an explicitly named model's request with another model when
+    # the named one would miss the latency objective (aliases always route).
+    allow_substitution: bool | None = None
     normalize_prompts: bool | None = None  # prefix-cache normalization (None: the model's setting)
 
     def over(self, base: KeyLimits) -> KeyLimits:
@@ -179,13 +182,31 @@ class PrefixSettings(_Model):
         return v
 
 
+class LatencyProfile(_Model):
+    """A model's latency on its box before any observation (policies.latency.Profile)."""
+
+    prefill_tokens_per_s: float = Field(10_000.0, gt=0)
+    ttft_overhead_s: float = Field(0.05, ge=0)
+    prefill_s_per_ktoken2: float = Field(0.0, ge=0)  # attention's quadratic share of prefill
+    tpot_s: float = Field(0.02, gt=0)
+    tpot_per_sequence_s: float = Field(0.0, ge=0)
+    tpot_per_ktoken_s: float = Field(0.0, ge=0)
+
+
+class SimulatedSettings(_Model):
+    """The DGX Spark box model's parameters for one simulated engine."""
+
+    model: str  # a key of engine_adapter.spark_box.MODELS
+    speedup: float = Field(1.0, gt=0)  # simulated seconds per wall-clock second
+
+
 class ModelSettings(_Model):
     """One served model: where it lives and how its engine runs."""
 
     name: str
     path: str
     aliases: tuple[str, ...] = ()
-    engine: Literal["vllm"] = "vllm"
+    engine: Literal["vllm", "simulated"] = "vllm"
     tokenizer: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int = Field(4096, ge=16)
@@ -214,6 +235,11 @@ class ModelSettings(_Model):
     max_concurrency: int | None = Field(None, ge=1)
     max_context: int | None = Field(None, ge=16)
     prefix: PrefixSettings = PrefixSettings()
+    # Routing: the latency profile that seeds the model's prediction, and where it ranks.
+    latency: LatencyProfile = LatencyProfile()
+    quality: float = 0.0  # higher is better: aliases that route prefer it when it meets the SLO
+    # A simulated engine (engine: simulated): the DGX Spark box model's model and time scale.
+    simulated: SimulatedSettings | None = None
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
@@ -223,6 +249,48 @@ class ModelSettings(_Model):
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+
+class SloClass(_Model):
+    """A latency objective: time to first token and per output token, or a whole-response deadline."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    deadline_s: float | None = Field(None, gt=0)
+
+
+RouteStrategy = Literal["best", "fast"]
+DEFAULT_ALIASES: dict[str, RouteStrategy] = {"auto": "best", "best": "best", "fast": "fast"}
+
+
+class RoutingSettings(_Model):
+    """Latency-SLO routing between the served models (policies/routing.py)."""
+
+    enabled: bool = False
+    classes: dict[str, SloClass] = Field(
+        default_factory=lambda: {
+            "interactive": SloClass(ttft_s=2.0, tpot_s=0.06),
+            "batch": SloClass(deadline_s=600.0),
+        }
+    )
+    default_class: str = "interactive"
+    header: str = "X-Sparkgate-SLO"  # a request picks its class with this header
+    # Model names that route, and how: "best" (highest quality meeting the SLO, degrading to
+    # faster ones) or "fast" (the quickest predicted).
+    aliases: dict[str, RouteStrategy] = Field(default_factory=lambda: dict(DEFAULT_ALIASES))
+    allow_substitution: bool = False  # the default for keys that do not say
+    # Plan against this share of each objective: predictions err, and a request that only
+    # just fits its objective on paper misses it half the time.
+    headroom: float = Field(0.85, gt=0, le=1)
+    # Output tokens assumed for a request that does not set max_tokens.
+    default_output_tokens: int = Field(512, ge=1)
+    window: int = Field(32, ge=1)  # observations in each latency correction's median
+
+    @model_validator(mode="after")
+    def _default_known(self) -> RoutingSettings:
+        if self.default_class not in self.classes:
+            raise ValueError(f"routing.default_class {self.default_class!r} is not in routing.classes")
+        return self
 
 
 class LimitSettings(_Model):
@@ -257,6 +325,22 @@ class BoxSettings(_Model):
         return parse_bytes(v)
 
 
+class BoxPlacement(_Model):
+    """One box of a placement: the models resident on it and the KV each gets there."""
+
+    name: str
+    models: tuple[str, ...]
+    kv_gib: dict[str, float] = Field(default_factory=dict)  # unset: the model's whole-box budget
+    address: str | None = None  # where the box is reached from the gateway (None: this process)
+
+
+class PlacementSettings(_Model):
+    """Where the models live (the three cannot share one 128 GiB box): read by `sparkgate plan`."""
+
+    name: str
+    boxes: tuple[BoxPlacement, ...]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPARKGATE_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
@@ -267,6 +351,8 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = AdmissionSettings()
     quotas: QuotaSettings = QuotaSettings()
     box: BoxSettings | None = None
+    routing: RoutingSettings = RoutingSettings()
+    placement: PlacementSettings | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."
 
@@ -291,6 +377,22 @@ class Settings(BaseSettings):
                 if n in seen:
                     raise ValueError(f"model name {n!r} is used by both {seen[n]!r} and {m.name!r}")
                 seen[n] = m.name
+        if self.routing.enabled:
+            clash = sorted(set(self.routing.aliases) & set(seen))
+            if clash:
+                raise ValueError(f"routing.aliases {clash} are also model names")
+            classes = [k.slo_class for k in self.auth.keys] + [t.defaults.slo_class for t in self.quotas.teams]
+            unknown_classes = sorted({c for c in classes if c is not None and c not in self.routing.classes})
+            if unknown_classes:
+                raise ValueError(f"slo_class {unknown_classes} not in routing.classes")
+        if self.placement is not None:
+            placed = [n for b in self.placement.boxes for n in b.models]
+            unknown = sorted(set(placed) - set(seen))
+            if unknown:
+                raise ValueError(f"placement: unknown models {unknown}")
+        for m in self.models:
+            if m.engine == "simulated" and m.simulated is None:
+                raise ValueError(f"model {m.name!r}: engine 'simulated' needs a 'simulated' section")
         teams = {t.name for t in self.quotas.teams}
         for k in self.auth.keys:
             if k.team is not None and k.team not in teams:
@@ -300,6 +402,12 @@ class Settings(BaseSettings):
             if unknown:
                 raise ValueError(f"box: the memory plan needs weights_bytes for {', '.join(unknown)}")
         return self
+
+    def boxes(self) -> dict[str, str]:
+        """Each model's box, from the placement (without one, the engines share this machine)."""
+        if self.placement is None:
+            return {}
+        return {name: b.name for b in self.placement.boxes for name in b.models}
 
     def memory_plan(self) -> MemoryPlan | PlanDoesNotFit | None:
         """The box's memory plan (None without a `box` section)."""

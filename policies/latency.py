@@ -1,19 +1,27 @@
 """Per-model latency prediction, learned online from what the gateway observes. Pure.
 
-    TTFT(prompt, cached, queued_ahead) = overhead + (prompt - cached + queued_ahead) / prefill_rate
-    TPOT(concurrency, context)         = step + per_sequence * (concurrency - 1) + per_ktoken * context / 1000
+    TTFT = overhead + work,  work = (prompt - cached + queued_ahead) / prefill_rate
+                                    + quadratic * (prompt_k^2 - cached_k^2)   (attention; k = 1,000 tokens)
+    TPOT(concurrency, context) = step + per_sequence * (concurrency - 1) + per_ktoken * context / 1000
 
 A profile (from config, e.g. fitted to a box's measurements) seeds the model.
-Observations correct it with a multiplicative factor per quantity, the median of
-the last `window` observed/predicted ratios: one slow outlier (a GC pause, a
-compile) moves a median not at all, while a real shift (a co-resident engine
-started, thermal throttling) wins within half a window.
+Observations correct it with multiplicative factors, each the median of the last
+`window` observed/predicted ratios: one slow outlier (a GC pause, a compile) moves
+a median not at all, while a real shift (a co-resident engine started, thermal
+throttling) wins within half a window. TTFT has separate factors for the fixed
+overhead and for the prefill work, the latter per size band of the work (a factor
+of 4 in tokens each): an observation corrects the term that dominates it, in its
+band, so short chats cannot teach the model how long a 64K prompt takes, even
+when the profile's split between linear and quadratic cost is off. A band with
+too few observations borrows the factor of all bands together.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -23,6 +31,7 @@ class Profile:
 
     prefill_tokens_per_s: float
     ttft_overhead_s: float = 0.05
+    prefill_s_per_ktoken2: float = 0.0  # attention's quadratic share of prefill
     tpot_s: float = 0.02  # one decode step, one sequence, short context
     tpot_per_sequence_s: float = 0.0  # added per other running sequence
     tpot_per_ktoken_s: float = 0.0  # added per 1,000 tokens of context
@@ -67,13 +76,20 @@ class LatencyModel:
     def __init__(self, profile: Profile, *, window: int = 32, max_ratio: float = 20.0) -> None:
         self.profile = profile
         self.max_ratio = max_ratio  # ratios beyond this (either way) are measurement errors: ignored
-        self._ttft = _RobustFactor(window)
+        self._overhead = _RobustFactor(window)
+        self._work = _RobustFactor(window)  # every band together
+        self._bands: dict[int, _RobustFactor] = {}
+        self._window = window
         self._tpot = _RobustFactor(window)
         self.observations = 0
 
-    def _base_ttft(self, prompt_tokens: int, cached_tokens: int, queued_ahead_tokens: int) -> float:
-        work = max(0, prompt_tokens - cached_tokens) + max(0, queued_ahead_tokens)
-        return self.profile.ttft_overhead_s + work / self.profile.prefill_tokens_per_s
+    def _base_work(self, prompt_tokens: int, cached_tokens: int, queued_ahead_tokens: int) -> float:
+        p = self.profile
+        cached = min(max(0, cached_tokens), prompt_tokens)
+        tokens = prompt_tokens - cached + max(0, queued_ahead_tokens)
+        return tokens / p.prefill_tokens_per_s + p.prefill_s_per_ktoken2 * (
+            (prompt_tokens / 1000) ** 2 - (cached / 1000) ** 2
+        )
 
     def _base_tpot(self, concurrency: int, context_tokens: int) -> float:
         p = self.profile
@@ -90,23 +106,75 @@ class LatencyModel:
     ) -> Prediction:
         ctx = prompt_tokens if context_tokens is None else context_tokens
         return Prediction(
-            ttft_s=self._base_ttft(prompt_tokens, cached_tokens, queued_ahead_tokens) * self._ttft.value,
+            ttft_s=self.profile.ttft_overhead_s * self._overhead.value
+            + self._base_work(prompt_tokens, cached_tokens, queued_ahead_tokens)
+            * self._work_factor(prompt_tokens - cached_tokens + queued_ahead_tokens),
             tpot_s=self._base_tpot(concurrency, ctx) * self._tpot.value,
         )
 
     def observe_ttft(
         self, seconds: float, *, prompt_tokens: int, cached_tokens: int = 0, queued_ahead_tokens: int = 0
     ) -> None:
-        self._add(self._ttft, seconds, self._base_ttft(prompt_tokens, cached_tokens, queued_ahead_tokens))
+        """Correct the term that dominates this observation, holding the other at its estimate."""
+        overhead = self.profile.ttft_overhead_s
+        work = self._base_work(prompt_tokens, cached_tokens, queued_ahead_tokens)
+        tokens = prompt_tokens - cached_tokens + queued_ahead_tokens
+        if work >= overhead:
+            ratio = self._add(self._work, seconds - overhead * self._overhead.value, work)
+            if ratio is not None:
+                self._bands.setdefault(_band(tokens), _RobustFactor(self._window)).add(ratio)
+        else:
+            self._add(self._overhead, seconds - work * self._work_factor(tokens), overhead)
+
+    def _work_factor(self, tokens: int) -> float:
+        """The factor of the nearest size band with observations (the larger on a tie)."""
+        want = _band(tokens)
+        known = [b for b, f in self._bands.items() if len(f.ordered) >= _MIN_BAND]
+        if not known:
+            return self._work.value
+        return self._bands[min(known, key=lambda b: (abs(b - want), -b))].value
 
     def observe_tpot(self, seconds: float, *, concurrency: int, context_tokens: int) -> None:
         self._add(self._tpot, seconds, self._base_tpot(concurrency, context_tokens))
 
-    def _add(self, factor: _RobustFactor, observed: float, base: float) -> None:
+    def _add(self, factor: _RobustFactor, observed: float, base: float) -> float | None:
+        """Add observed/base to the factor; the ratio, or None when it was dropped."""
         if observed <= 0 or base <= 0:
-            return
+            return None
         ratio = observed / base
         if not 1 / self.max_ratio <= ratio <= self.max_ratio:
-            return
+            return None
         factor.add(ratio)
         self.observations += 1
+        return ratio
+
+
+_MIN_BAND = 3  # observations before a size band's own factor is trusted
+
+
+def _band(tokens: int) -> int:
+    """Size band of prefill work: 0 below 1K tokens, then one per factor of 4 (1K, 4K, 16K, 64K...)."""
+    band = 0
+    while tokens >= 1000 * 4**band:
+        band += 1
+    return band
+
+
+def slot_wait(running_remaining_s: Sequence[float], queued_service_s: Sequence[float], slots: int) -> float:
+    """Seconds until a new request gets a running slot on an engine with `slots` of them.
+
+    The running requests free their slots as they finish; the requests queued ahead of
+    it (in order) each take the first slot to free and hold it for their service time.
+    """
+    if slots < 1:
+        raise ValueError("an engine has at least one slot")
+    free_at = sorted(max(0.0, r) for r in running_remaining_s)
+    free_at = [0.0] * max(0, slots - len(free_at)) + free_at
+    heapq.heapify(free_at)
+    for service in queued_service_s:
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + max(0.0, service))
+    # More running than slots (a config change): the extra ones must finish first.
+    while len(free_at) > slots:
+        heapq.heappop(free_at)
+    return free_at[0]

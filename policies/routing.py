@@ -42,6 +42,13 @@ class Candidate:
     model: str
     prediction: Prediction
     available: bool = True  # the engine is up and the key may use it
+    # Why sending it here would make requests already running there miss their objectives
+    # (empty: it would not). A candidate that would is treated like one that misses.
+    harms: str = ""
+
+    def misses(self, slo: Slo, output_tokens: int) -> list[str]:
+        out = slo.misses(self.prediction, output_tokens)
+        return [*out, self.harms] if self.harms else out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +79,10 @@ def choose(
     strategy = aliases.get(requested)
     if strategy is None:  # an explicit model
         mine = next((c for c in live if c.model == requested), None)
-        if mine is not None and not slo.misses(mine.prediction, output_tokens):
+        if mine is not None and not mine.misses(slo, output_tokens):
             return Route(mine.model, f"requested; meets {slo.name}")
         if not allow_substitution:
-            why = "unavailable" if mine is None else "; ".join(slo.misses(mine.prediction, output_tokens))
+            why = "unavailable" if mine is None else "; ".join(mine.misses(slo, output_tokens))
             return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
         order = [c for c in live if c.model != requested]
     elif strategy == "fast":
@@ -84,7 +91,7 @@ def choose(
         order = list(live)
     passed: list[str] = []
     for c in order:
-        misses = slo.misses(c.prediction, output_tokens)
+        misses = c.misses(slo, output_tokens)
         if not misses:
             if not passed:
                 return Route(c.model, f"{strategy or 'substituted'}: meets {slo.name}")

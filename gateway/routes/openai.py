@@ -69,6 +69,8 @@ class _Holds:
 
     def release(self) -> None:
         self.ticket.release()
+        if self.job.flight is not None:
+            self.job.flight.finish()
         m = self.job.meter
         self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
 
@@ -138,17 +140,23 @@ async def _respond(job: Job, state: State, request: Request) -> Response:
         priority=pipeline.priority_of(job.principal, request.headers.get(state.settings.admission.priority_header)),
         user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
     )
-    # The quota first: a request over its key's limits must not queue for the engine.
-    hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
     try:
-        ticket = await _admit(demand, state, request)
-    except _ClientLeft:
-        hold.release()
-        log.info("%s: client left while queued", job.id)
-        return Response(status_code=499)
-    except BaseException:
-        hold.release()
+        # The quota first: a request over its key's limits must not queue for the engine.
+        hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+        try:
+            ticket = await _admit(demand, state, request)
+        except BaseException:
+            hold.release()
+            raise
+    except BaseException as e:
+        if job.flight is not None:
+            job.flight.finish()  # it never reached its engine
+        if isinstance(e, _ClientLeft):
+            log.info("%s: client left while queued", job.id)
+            return Response(status_code=499)
         raise
+    if job.flight is not None:
+        job.flight.admitted()
     holds = _Holds(job, ticket, hold)
     try:
         bs = job.served.engine.kv_spec.block_size
@@ -186,6 +194,13 @@ async def _run(job: Job, state: State, request: Request, holds: _Holds) -> Respo
             prefix.cacheable_tokens(len(job.prompts[0]), job.served.engine.kv_spec.block_size)
         ),
     }
+    if job.route is not None:  # which model routing chose, why, and what it expects
+        headers |= {
+            "X-Sparkgate-SLO": job.route.slo,
+            "X-Sparkgate-Route": job.route.reason,
+            "X-Sparkgate-Predicted-TTFT-Ms": str(round(job.route.predicted.ttft_s * 1000)),
+            "X-Sparkgate-Predicted-TPOT-Ms": str(round(job.route.predicted.tpot_s * 1000, 1)),
+        }
     if job.stream:
         return _TicketedStream(
             _counted_stream(job, counters, request, holds),
@@ -225,17 +240,23 @@ async def _run(job: Job, state: State, request: Request, holds: _Holds) -> Respo
     return JSONResponse(body, headers=headers | {"X-Sparkgate-Cached-Tokens": str(cached)})
 
 
+def _routing(state: AppState, request: Request) -> pipeline.Routing:
+    if state.router is None:
+        return pipeline.NO_ROUTING
+    return pipeline.Routing(state.router, request.headers.get(state.settings.routing.header))
+
+
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
-    job = await prepare_chat(body, state.registry, caller, state.settings.limits)
+    job = await prepare_chat(body, state.registry, caller, state.settings.limits, _routing(state, request))
     return await _respond(job, state, request)
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
-    job = await prepare_completion(body, state.registry, caller, state.settings.limits)
+    job = await prepare_completion(body, state.registry, caller, state.settings.limits, _routing(state, request))
     return await _respond(job, state, request)
 
 
@@ -255,5 +276,10 @@ async def list_models(state: State, caller: Caller) -> dict[str, Any]:
                     "root": served.name,
                     "max_model_len": served.engine.max_model_len,
                 }
+            )
+    if state.router is not None:  # names that route: a chat frontend can offer them like models
+        for alias, strategy in state.settings.routing.aliases.items():
+            data.append(
+                {"id": alias, "object": "model", "created": 0, "owned_by": "sparkgate", "root": f"route:{strategy}"}
             )
     return {"object": "list", "data": data}

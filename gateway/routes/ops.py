@@ -52,5 +52,6 @@ async def stats(state: State, caller: Caller) -> dict[str, Any]:
             "kv_refunded_blocks": a.kv_refunded_blocks,
         },
         "quota": state.quota.snapshot(),
+        "routing": None if state.router is None else state.router.snapshot(),
         "engines": engines,
     }

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from policies.latency import LatencyModel, Profile
+from policies.latency import LatencyModel, Profile, slot_wait
 
 A3B = Profile(prefill_tokens_per_s=4500, ttft_overhead_s=0.05, tpot_s=1 / 171, tpot_per_sequence_s=0.0007)
 
@@ -44,3 +44,49 @@ def test_a_real_shift_wins_within_half_a_window() -> None:
     for _ in range(6):
         m.observe_tpot(3 / 171, concurrency=1, context_tokens=100)
     assert m.predict(prompt_tokens=100).tpot_s == pytest.approx(3 / 171, rel=0.01)
+
+
+def test_slot_wait_is_zero_with_a_free_slot() -> None:
+    assert slot_wait([5.0, 3.0], [], slots=4) == 0.0
+
+
+def test_slot_wait_is_the_first_running_request_to_finish() -> None:
+    assert slot_wait([5.0, 3.0, 9.0, 4.0], [], slots=4) == 3.0
+
+
+def test_slot_wait_counts_the_queue_ahead() -> None:
+    # Slots free at 3 and 4: the two queued take them until 3+10 and 4+1; then 5 is next.
+    assert slot_wait([5.0, 3.0, 9.0, 4.0], [10.0, 1.0], slots=4) == 5.0
+    assert slot_wait([], [2.0, 2.0, 2.0], slots=1) == 6.0
+
+
+def test_slot_wait_with_more_running_than_slots() -> None:
+    assert slot_wait([1.0, 2.0, 3.0], [], slots=2) == 2.0
+
+
+def test_slot_wait_needs_a_slot() -> None:
+    with pytest.raises(ValueError):
+        slot_wait([], [], slots=0)
+
+
+def test_short_prompts_correct_the_overhead_not_the_prefill_rate() -> None:
+    m = LatencyModel(Profile(prefill_tokens_per_s=1000, ttft_overhead_s=0.5, prefill_s_per_ktoken2=0.01))
+    long_before = m.predict(prompt_tokens=64_000).ttft_s
+    assert long_before == pytest.approx(0.5 + 64 + 0.01 * 64**2)
+    for _ in range(10):  # chats start in 0.1 s: the overhead is smaller than thought
+        m.observe_ttft(0.1 + 0.01, prompt_tokens=10)
+    assert m.predict(prompt_tokens=10).ttft_s == pytest.approx(0.11)
+    assert m.predict(prompt_tokens=64_000).ttft_s == pytest.approx(long_before - 0.4)  # the rate is untouched
+    for _ in range(10):  # a long prompt took twice its work
+        m.observe_ttft(0.1 + 2 * (64 + 0.01 * 64**2), prompt_tokens=64_000)
+    assert m.predict(prompt_tokens=64_000).ttft_s == pytest.approx(0.1 + 2 * (64 + 0.01 * 64**2))
+    # A cached prefix costs neither its tokens nor its attention.
+    hit = m.predict(prompt_tokens=64_000, cached_tokens=63_000).ttft_s
+    assert hit == pytest.approx(0.1 + 2 * (1 + 0.01 * (64**2 - 63**2)))
+
+
+def test_an_observation_below_the_other_term_is_ignored() -> None:
+    m = LatencyModel(Profile(prefill_tokens_per_s=1000, ttft_overhead_s=0.5))
+    m.observe_ttft(0.2, prompt_tokens=2000)  # less than the overhead alone: no work ratio to learn
+    m.observe_ttft(0.001, prompt_tokens=10)  # less than the work alone: no overhead ratio either
+    assert m.observations == 0

@@ -54,3 +54,13 @@ def test_nothing_available() -> None:
     down = [Candidate("a", Prediction(0.1, 0.01), available=False)]
     assert choose("auto", down, INTERACTIVE, 10, aliases=ALIASES) == NoRoute("no model is available", 5.0)
     assert choose("auto", cands(9, 9, 9), Slo("t", tpot_s=0.001), 10, aliases=ALIASES).retry_after_s == 5.0  # type: ignore[union-attr]
+
+
+def test_a_candidate_that_would_stall_running_requests_is_passed_over() -> None:
+    c = cands(1.0)
+    c[0] = Candidate("qwen3.8-27b", Prediction(1.0, 0.013), harms="its 20.0s prefill would stall 2 running requests")
+    r = choose("auto", c, BATCH, 200, aliases=ALIASES)
+    assert r == Route(
+        "flash-next",
+        "degraded from qwen3.8-27b (its 20.0s prefill would stall 2 running requests): predicted to miss batch",
+    )

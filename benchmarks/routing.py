@@ -1,0 +1,143 @@
+"""SLO routing on the simulated DGX Spark boxes: the router vs each model alone vs round-robin.
+
+A mixed workload (short chat, long-document questions, batch summaries; Poisson
+arrivals) at rising load, in virtual time on the box model (engine_adapter/spark_box.py,
+checked against the measurements by benchmarks/sim_vs_measured.py). Strategies, side by side
+on the same arrivals:
+
+- router:       the gateway's Router (gateway/router.py) over the placement of
+                config/sim-dgx-spark.yaml (two boxes: 35B-A3B + 27B | Flash-Next), learning
+                latency online from what it observes;
+- round-robin:  the same placement, models in turn;
+- <model> alone: every request to that model, alone on a whole box (all its KV budget).
+
+SLO attainment counts every offered request: one turned away early counts as a miss.
+Goodput: requests per second that met their objective.
+
+    python benchmarks/routing.py                      # prints the table, writes the plot
+    python benchmarks/routing.py --rates 0.1 0.3 --duration 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine_adapter.spark_box import MODELS  # noqa: E402
+from gateway.fleet import Deployed, Placement, RequestKind, Summary, placement_from_settings, simulate  # noqa: E402
+from gateway.plot import line_chart  # noqa: E402
+from gateway.settings import load_settings  # noqa: E402
+
+WORKLOAD = (
+    # Chat: a shared 1,000-token system prompt (cacheable) + the conversation; 300 tokens back.
+    RequestKind("chat", 0.70, (1_000, 3_000), 300, "interactive", shared_prefix=1_000),
+    # Questions about a long document: 30-64K tokens in, 300 out.
+    RequestKind("document", 0.10, (30_000, 64_000), 300, "document"),
+    # Batch summaries: 8-16K in, 1,000 out, by a deadline.
+    RequestKind("summary", 0.20, (8_000, 16_000), 1_000, "batch"),
+)
+TARGET_ATTAINMENT = 0.99
+SINGLE_BELOW = 0.80
+
+
+def solo(d: Deployed) -> Placement:
+    """The model alone on a whole box: all of its KV budget."""
+    whole = Deployed(d.name, d.model, "solo", MODELS[d.model].kv_budget_gib, d.quality, d.latency)
+    return Placement(f"{d.name} alone", (whole,))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "config/sim-dgx-spark.yaml"))
+    ap.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3, 0.35, 0.4, 0.5])
+    ap.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals per load")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--plot", default=str(ROOT / "docs/routing-benchmark.svg"))
+    args = ap.parse_args()
+
+    settings = load_settings(args.config)
+    assert settings.placement is not None, "the config needs a placement"
+    placement = placement_from_settings(settings.placement, settings.models)
+    setups = [("router", placement, "router"), ("round-robin", placement, "round-robin")]
+    setups += [(f"{d.name} alone", solo(d), d.name) for d in placement.models]
+    print(
+        f"placement {placement.name}: "
+        + "; ".join(f"{d.name} on {d.box} ({d.kv_gib:g} GiB KV)" for d in placement.models)
+    )
+    print(
+        "workload: "
+        + "; ".join(
+            f"{k.name} {k.share:.0%}: {k.prompt_tokens[0]}-{k.prompt_tokens[1]} in, {k.output_tokens} out, SLO {k.slo}"
+            for k in WORKLOAD
+        )
+    )
+    for name, cls in settings.routing.classes.items():
+        print(f"  SLO {name}: " + ", ".join(f"{f} {v:g}" for f, v in cls.model_dump().items() if v is not None))
+    print(f"{args.duration:g} simulated s of arrivals per load, seed {args.seed}\n")
+
+    header = f"{'req/s':>6} {'strategy':<28} {'offered':>7} {'rejected':>8} {'attained':>9} {'goodput':>8}"
+    header += f" {'TTFT p50':>9} {'p95':>7}  per kind (met/offered)"
+    print(header)
+    results: dict[str, list[Summary]] = {label: [] for label, _, _ in setups}
+    t0 = time.monotonic()
+    for rate in args.rates:
+        for label, pl, strategy in setups:
+            r = simulate(pl, settings.routing, strategy, WORKLOAD, rate, args.duration, seed=args.seed)
+            results[label].append(r)
+            kinds = " ".join(f"{k} {m}/{o}" for k, (m, o) in r.by_kind.items())
+            print(
+                f"{rate:>6.2f} {label:<28} {r.offered:>7} {r.rejected:>8} {r.attainment:>8.1%} {r.goodput:>8.3f}"
+                f" {r.ttft_p50:>8.2f}s {r.ttft_p95:>6.1f}s  {kinds}"
+            )
+        print()
+    print(f"({time.monotonic() - t0:.0f} s of wall time)\n")
+
+    singles = [label for label in results if label.endswith(" alone")]
+    verdict = 0
+    for i, rate in enumerate(args.rates):
+        best_label = max(singles, key=lambda s: results[s][i].attainment)
+        best = results[best_label][i].attainment
+        router = results["router"][i].attainment
+        rr = results["round-robin"][i].attainment
+        print(
+            f"at {rate:g} req/s: router {router:.1%} | best single ({best_label}) {best:.1%} | round-robin {rr:.1%}"
+            f" | router/best {router / best:.2f}x, router/round-robin {router / rr:.2f}x"
+        )
+    loads = [i for i, _ in enumerate(args.rates) if max(results[s][i].attainment for s in singles) < SINGLE_BELOW]
+    if loads:
+        i = loads[0]
+        router = results["router"][i].attainment
+        ok = router >= TARGET_ATTAINMENT
+        verdict = 0 if ok else 1
+        print(
+            f"\ntarget: at {args.rates[i]:g} req/s, the first load where every model alone attains < "
+            f"{SINGLE_BELOW:.0%}, the router attains {router:.1%} "
+            f"({'meets' if ok else 'MISSES'} the {TARGET_ATTAINMENT:.0%} target)"
+        )
+    else:
+        print(f"\nno load here takes every single model below {SINGLE_BELOW:.0%}: raise --rates")
+
+    svg = line_chart(
+        {
+            label: [(rate, r.attainment * 100) for rate, r in zip(args.rates, rs, strict=True)]
+            for label, rs in results.items()
+        },
+        title="SLO attainment vs offered load (simulated DGX Spark)",
+        x_label="offered load, requests/s",
+        y_label="requests meeting their SLO, %",
+        y_range=(0, 100),
+        hlines={"99%": 99, "80%": 80},
+    )
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.plot).write_text(svg)
+    print(f"plot: {args.plot}")
+    return verdict
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""DGX Spark boxes serving a workload in virtual time: the routing benchmark and the
+capacity planner run on this.
+
+Each model is a `BoxSim` (engine_adapter/spark_box.py) placed on a box. Requests arrive
+(Poisson, a mix of kinds, each with its SLO class); a strategy picks each one's model:
+
+- "router": the gateway's own `Router` (gateway/router.py), learning each engine's
+  latency from what it observes, exactly as in the gateway (same code, virtual clock);
+- "round-robin": the models in turn;
+- a model's name: everything to that model.
+
+Engines sharing a box share its memory bandwidth: while k of them have work, each
+step takes k times as long (decode is bandwidth-bound; a first-order model of
+contention, pessimistic for compute-bound prefill).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from engine_adapter.base import Engine, KVSpec
+from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, GiB, SimConfig, StepResult
+from gateway.auth import ANONYMOUS
+from gateway.errors import SloUnattainable
+from gateway.registry import ServedModel
+from gateway.router import Flight, Router, slo_of
+from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings, SimulatedSettings
+from policies.latency import Prediction
+from policies.routing import Slo
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """One model in a placement: which box it is on and the KV it gets there."""
+
+    name: str  # the served name
+    model: str  # a key of spark_box.MODELS
+    box: str
+    kv_gib: float
+    quality: float = 0.0
+    latency: LatencyProfile = field(default_factory=LatencyProfile)
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    models: tuple[Deployed, ...]
+
+    @property
+    def boxes(self) -> list[str]:
+        return sorted({m.box for m in self.models})
+
+
+@dataclass(frozen=True)
+class RequestKind:
+    """A part of the workload: prompt and output sizes, its SLO class, its share of arrivals."""
+
+    name: str
+    share: float
+    prompt_tokens: tuple[int, int]  # uniform between these
+    output_tokens: int
+    slo: str
+    shared_prefix: int = 0  # tokens every request of this kind starts with (a system prompt)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    id: str
+    t: float
+    kind: RequestKind
+    prompt: tuple[int, ...]
+
+
+@dataclass
+class Outcome:
+    kind: str
+    arrival: float
+    model: str | None = None  # None: turned away
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    met: bool = False
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.arrival
+
+
+@dataclass(frozen=True)
+class Summary:
+    strategy: str
+    rate: float  # offered requests per second
+    offered: int
+    completed: int
+    rejected: int
+    met: int
+    duration_s: float
+    by_model: dict[str, int]
+    by_kind: dict[str, tuple[int, int]]  # kind -> (met, offered)
+    ttft_p50: float
+    ttft_p95: float
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.offered if self.offered else 1.0
+
+    @property
+    def goodput(self) -> float:
+        """Requests per second that met their SLO."""
+        return self.met / self.duration_s
+
+
+def arrivals(kinds: Sequence[RequestKind], rate: float, duration_s: float, seed: int = 0) -> list[Arrival]:
+    """Poisson arrivals at `rate` per second for `duration_s`, kinds drawn by share."""
+    rng = random.Random(seed)
+    prefixes = {k.name: tuple(rng.randrange(1000, 150_000) for _ in range(k.shared_prefix)) for k in kinds}
+    weights = [k.share for k in kinds]
+    out: list[Arrival] = []
+    t = rng.expovariate(rate)
+    while t < duration_s:
+        kind = rng.choices(kinds, weights)[0]
+        n = rng.randint(*kind.prompt_tokens)
+        own = tuple(rng.randrange(1000, 150_000) for _ in range(max(1, n - len(prefixes[kind.name]))))
+        out.append(Arrival(f"r{len(out)}", t, kind, prefixes[kind.name] + own))
+        t += rng.expovariate(rate)
+    return out
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _VirtualEngine:
+    """What the router reads of an engine, over a BoxSim on the fleet's clock."""
+
+    def __init__(self, name: str, sim: BoxSim, clock: _Clock) -> None:
+        self.name = name
+        self.sim = sim
+        self._clock = clock
+        self._spec = sim.kv_spec()
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        return self._spec
+
+    @property
+    def max_model_len(self) -> int:
+        return self._spec.max_model_len
+
+    @property
+    def is_healthy(self) -> bool:
+        return True
+
+    def clock(self) -> float:
+        return self._clock()
+
+
+@dataclass
+class _Lane:
+    deployed: Deployed
+    sim: BoxSim
+    pending: StepResult | None = None  # the step under way, delivered at its end
+    flights: dict[str, Flight] = field(default_factory=dict)
+
+
+class Fleet:
+    """The placement's engines on a shared virtual clock, fed by one strategy."""
+
+    def __init__(self, placement: Placement, routing: RoutingSettings, strategy: str) -> None:
+        self.placement = placement
+        self.strategy = strategy
+        self.clock = _Clock()
+        self.routing = routing
+        self.lanes: dict[str, _Lane] = {}
+        served = []
+        for d in placement.models:
+            spec = MODELS[d.model]
+            sim = BoxSim(spec, DGX_SPARK, SimConfig(kv_cache_bytes=int(d.kv_gib * GiB)))
+            self.lanes[d.name] = _Lane(d, sim)
+            settings = ModelSettings(
+                name=d.name,
+                path=f"sim:{d.model}",
+                engine="simulated",
+                simulated=SimulatedSettings(model=d.model),
+                quality=d.quality,
+                latency=d.latency,
+                max_num_seqs=sim.config.max_num_seqs,
+            )
+            # The router reads only kv_spec, clock() and is_healthy of an engine.
+            engine = cast(Engine, _VirtualEngine(d.name, sim, self.clock))
+            served.append(ServedModel(settings=settings, engine=engine, tokenizer=None))
+        boxes = {d.name: d.box for d in placement.models}
+        self.router = Router(routing, served, boxes) if strategy == "router" else None
+        self._rr = itertools.cycle([d.name for d in placement.models])
+        self.outcomes: dict[str, Outcome] = {}
+
+    def _slo(self, name: str) -> Slo:
+        return slo_of(name, self.routing.classes[name])  # the objective itself, no headroom
+
+    def _pick(self, a: Arrival) -> tuple[str | None, float | None]:
+        """The model for this arrival (None: turned away) and the TPOT objective it protects."""
+        if self.router is None:
+            return (next(self._rr) if self.strategy == "round-robin" else self.strategy), None
+        names = list(self.router.lanes)
+        try:
+            name, info = self.router.route("auto", names, ANONYMOUS, a.kind.slo, a.prompt, a.kind.output_tokens, None)
+        except SloUnattainable:
+            return None, None
+        return name, info.tpot_objective
+
+    def _busy_on(self, box: str) -> int:
+        return sum(1 for lane in self.lanes.values() if lane.deployed.box == box and lane.sim.has_work)
+
+    def _start_step(self, lane: _Lane) -> None:
+        """Compute the lane's next step from now; co-resident busy engines stretch it."""
+        lane.sim.advance_to(self.clock.now)
+        res = lane.sim.step()
+        share = self._busy_on(lane.deployed.box)
+        if share > 1:
+            end = res.start + res.duration * share
+            lane.sim.now = end
+            res = StepResult(
+                start=res.start,
+                end=end,
+                cost=res.cost,
+                events=res.events,
+                prefill_tokens=res.prefill_tokens,
+                decode_seqs=res.decode_seqs,
+                blocks_in_use=res.blocks_in_use,
+            )
+        lane.pending = res
+
+    def _admit_new(self, lane: _Lane) -> None:
+        for rid, f in lane.flights.items():
+            if f.admitted_at is None and lane.sim.blocks_held(rid) > 0:
+                f.admitted()
+
+    def _deliver(self, lane: _Lane, res: StepResult) -> None:
+        for e in res.events:
+            o = self.outcomes[e.request_id]
+            flight = lane.flights.get(e.request_id)
+            if e.new_tokens:
+                if o.first is None:
+                    o.first = self.clock.now
+                o.last = self.clock.now
+                o.tokens += e.new_tokens
+                if flight is not None:
+                    if flight.admitted_at is None:
+                        flight.admitted()
+                    flight.tokens(e.new_tokens, e.num_cached_tokens)
+            if e.finished and flight is not None:
+                flight.finish()
+                del lane.flights[e.request_id]
+
+    def run(self, load: Iterable[Arrival]) -> None:
+        queue = list(load)
+        i = 0
+        while True:
+            pending = [(lane.pending.end, name) for name, lane in self.lanes.items() if lane.pending is not None]
+            next_step = min(pending) if pending else None
+            if i < len(queue) and (next_step is None or queue[i].t <= next_step[0]):
+                self._arrive(queue[i])
+                i += 1
+                continue
+            if next_step is None:
+                return
+            end, name = next_step
+            lane = self.lanes[name]
+            self.clock.now = end
+            res, lane.pending = lane.pending, None
+            assert res is not None
+            self._deliver(lane, res)
+            if lane.sim.has_work:
+                self._start_step(lane)
+                self._admit_new(lane)
+
+    def _arrive(self, a: Arrival) -> None:
+        self.clock.now = a.t
+        o = Outcome(kind=a.kind.name, arrival=a.t)
+        self.outcomes[a.id] = o
+        name, tpot_objective = self._pick(a)
+        if name is None:
+            return
+        o.model = name
+        lane = self.lanes[name]
+        try:
+            lane.sim.advance_to(a.t)
+            lane.sim.submit(a.id, a.prompt, a.kind.output_tokens, arrival_time=a.t)
+        except ValueError:  # cannot fit this engine at all: a failure, not a wait
+            o.model = None
+            return
+        if self.router is not None:
+            lane.flights[a.id] = self.router.fly(name, a.prompt, a.kind.output_tokens, None, tpot_objective)
+        if lane.pending is None:
+            self._start_step(lane)
+            self._admit_new(lane)
+
+    def summary(self, rate: float, duration_s: float, kinds: Sequence[RequestKind]) -> Summary:
+        slos = {k.name: (self._slo(k.slo), k.output_tokens) for k in kinds}
+        by_model: dict[str, int] = {}
+        by_kind: dict[str, list[int]] = {k.name: [0, 0] for k in kinds}
+        ttfts: list[float] = []
+        met = completed = rejected = 0
+        for o in self.outcomes.values():
+            by_kind[o.kind][1] += 1
+            if o.model is None:
+                rejected += 1
+                continue
+            by_model[o.model] = by_model.get(o.model, 0) + 1
+            slo, out = slos[o.kind]
+            if o.first is None or o.last is None or o.tokens < out:
+                continue
+            completed += 1
+            ttft = o.first - o.arrival
+            ttfts.append(ttft)
+            measured = Prediction(ttft_s=ttft, tpot_s=(o.last - o.first) / max(1, o.tokens - 1))
+            if not slo.misses(measured, out):
+                met += 1
+                by_kind[o.kind][0] += 1
+        ttfts.sort()
+        return Summary(
+            strategy=self.strategy,
+            rate=rate,
+            offered=len(self.outcomes),
+            completed=completed,
+            rejected=rejected,
+            met=met,
+            duration_s=duration_s,
+            by_model=by_model,
+            by_kind={k: (v[0], v[1]) for k, v in by_kind.items()},
+            ttft_p50=_quantile(ttfts, 0.5),
+            ttft_p95=_quantile(ttfts, 0.95),
+        )
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def simulate(
+    placement: Placement,
+    routing: RoutingSettings,
+    strategy: str,
+    kinds: Sequence[RequestKind],
+    rate: float,
+    duration_s: float,
+    seed: int = 0,
+) -> Summary:
+    """Offer `rate` requests/s for `duration_s`, run until every request is done."""
+    fleet = Fleet(placement, routing, strategy)
+    fleet.run(arrivals(kinds, rate, duration_s, seed))
+    return fleet.summary(rate, duration_s, kinds)
+
+
+def placement_from_settings(placement: PlacementSettings, models: Sequence[ModelSettings]) -> Placement:
+    """A config's placement, with each model's box-model key, quality and latency profile."""
+    by_name = {m.name: m for m in models}
+    out = []
+    for box in placement.boxes:
+        for name in box.models:
+            m = by_name[name]
+            if m.simulated is None:
+                raise ValueError(f"{name}: planning needs the model's `simulated` section (its box-model key)")
+            kv = box.kv_gib.get(name, MODELS[m.simulated.model].kv_budget_gib)
+            out.append(Deployed(name, m.simulated.model, box.name, kv, m.quality, m.latency))
+    return Placement(placement.name, tuple(out))

@@ -1,0 +1,390 @@
+"""Latency-SLO routing in the gateway: the state `policies.routing.choose` needs, kept
+per served model, and what it learns from every request it routed.
+
+For each model the router keeps its `LatencyModel` (a profile from config, corrected
+online), the requests it sent there (queued for a slot, prefilling, decoding) and a
+shadow of the engine's prefix cache (the prompt blocks recently sent). A prediction for
+a new request is then:
+
+    TTFT = wait for a running slot (policies.latency.slot_wait over the flights)
+         + the model's TTFT for the prompt's uncached tokens, behind the prefills under way
+    TPOT = the model's time per token at the concurrency it will join, at its context
+
+Times come from each engine's own clock (`Engine.clock()`): a simulated engine runs
+faster than the wall clock, and its SLOs are in its seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gateway.auth import Principal
+from gateway.errors import InvalidRequest, SloUnattainable
+from gateway.registry import ServedModel
+from gateway.settings import RoutingSettings, SloClass
+from policies import kv
+from policies.latency import LatencyModel, Prediction, Profile, slot_wait
+from policies.routing import Candidate, NoRoute, Route, Slo, choose
+
+log = logging.getLogger(__name__)
+
+PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
+MAX_PREFILL_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """What routing decided for a request, for its response headers."""
+
+    slo: str
+    reason: str
+    predicted: Prediction
+    tpot_objective: float | None = None
+
+
+@dataclass
+class Flight:
+    """One routed request on its way through an engine: its timing feeds the model."""
+
+    lane: Lane
+    prompt_tokens: int
+    output_tokens: int  # expected (max_tokens, or the routing default)
+    keys: tuple[Hashable, ...]  # its prompt's prefix-cache keys
+    routed_at: float
+    tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
+    admitted_at: float | None = None
+    first_at: float | None = None
+    last_at: float | None = None
+    cached_tokens: int = 0
+    generated: int = 0
+    concurrency_sum: int = 0  # running flights seen at each output, for the mean concurrency
+    chunks: int = 0
+    # Others' work overlapped its prefill / its decode (another prompt prefilling here, a
+    # box-mate busy): such timings are not the model's own speed, so they teach it nothing.
+    # The predictions add those effects explicitly.
+    prefill_shared: bool = False
+    decode_shared: bool = False
+    done: bool = False
+
+    def admitted(self) -> None:
+        self.admitted_at = self.lane.clock()
+        self.prefill_shared = self.lane.shared(self)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.admitted_at is not None and self.first_at is None
+
+    def tokens(self, n: int, cached_tokens: int | None = None) -> None:
+        """`n` new output tokens; the first call carries the engine's cached-token count."""
+        now = self.lane.clock()
+        if self.first_at is None:
+            self.first_at = now
+            self.cached_tokens = cached_tokens or 0
+            self.lane.seen(self.keys)
+            if self.admitted_at is not None and not (self.prefill_shared or self.lane.shared(self)):
+                self.lane.latency.observe_ttft(
+                    now - self.admitted_at, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens
+                )
+        else:
+            self.decode_shared = self.decode_shared or self.lane.shared(self)
+        self.last_at = now
+        self.generated += n
+        self.chunks += 1
+        self.concurrency_sum += self.lane.running()
+
+    def finish(self) -> None:
+        """Idempotent: observe the decode speed and leave the lane."""
+        if self.done:
+            return
+        self.done = True
+        self.lane.flights.remove(self)
+        if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
+            return
+        if self.decode_shared:
+            return
+        tpot = (self.last_at - self.first_at) / (self.generated - 1)
+        concurrency = max(1, round(self.concurrency_sum / self.chunks))
+        self.lane.latency.observe_tpot(
+            tpot, concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
+        )
+
+    def remaining_s(self, tpot_s: float) -> float:
+        """Predicted seconds until it frees its slot (it runs to its expected length)."""
+        return max(0, self.output_tokens - self.generated) * tpot_s
+
+
+@dataclass
+class Lane:
+    """One model's routing state."""
+
+    served: ServedModel
+    latency: LatencyModel
+    slots: int
+    clock: Callable[[], float]
+    flights: list[Flight] = field(default_factory=list)
+    cache: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    cache_blocks: int = 0  # the shadow holds at most the engine's pool
+    # Engines on the same box: they share its memory bandwidth, so a prefill on one
+    # slows the decodes of all.
+    mates: list[Lane] = field(default_factory=list)
+    # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
+    # that prompts take, which requests decoding here will also wait through.
+    prefills: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def running(self) -> int:
+        return sum(1 for f in self.flights if f.admitted_at is not None)
+
+    def shared(self, flight: Flight) -> bool:
+        """Whether others' work shares the box with `flight` now: another prompt prefilling
+        on its engine, or an engine beside it on the box with requests."""
+        return any(f is not flight and f.prefilling for f in self.flights) or any(m.flights for m in self.mates)
+
+    def seen(self, keys: Sequence[Hashable]) -> None:
+        for k in keys:
+            self.cache[k] = None
+            self.cache.move_to_end(k)
+        while len(self.cache) > self.cache_blocks:
+            self.cache.popitem(last=False)
+
+    def cached_tokens(self, keys: Sequence[Hashable]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self.cache:
+                break
+            n += 1
+        return n * self.served.engine.kv_spec.block_size
+
+    def predict(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> Prediction:
+        keys = kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
+        cached = self.cached_tokens(keys)
+        running = [f for f in self.flights if f.admitted_at is not None]
+        queued = [f for f in self.flights if f.admitted_at is None]
+        concurrency = min(self.slots, len(running) + 1)
+        step = self.step_s(concurrency, len(prompt_ids))
+        services = [
+            self.latency.predict(prompt_tokens=f.prompt_tokens, concurrency=concurrency).total_s(f.output_tokens)
+            for f in queued
+        ]
+        wait = slot_wait([f.remaining_s(step) for f in running], services, self.slots)
+        # Prompts prefill first come, first served: those running and those queued ahead
+        # are prefilled before this one, whenever it gets its slot. They delay its first
+        # token, not its decode (prefills arriving later would: `harms` guards against those).
+        ahead = self.prefill_backlog() + sum(f.prompt_tokens - f.cached_tokens for f in queued)
+        own = self.latency.predict(
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=cached,
+            concurrency=concurrency,
+            context_tokens=len(prompt_ids) + output_tokens // 2,
+        )
+        ttft = max(wait, self.prefill_s(ahead)) + own.ttft_s
+        decode = own.tpot_s * max(1, output_tokens)
+        # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
+        # steps take about twice as long. Stretch the part of the request the mate overlaps.
+        ttft_stretch = decode_stretch = 0.0
+        for m in self.mates:
+            busy = m.busy_s()
+            ttft_stretch += min(busy, ttft)
+            decode_stretch += min(max(0.0, busy - ttft), decode)
+        tpot = own.tpot_s * (1 + decode_stretch / decode) / (1 - self.prefill_share())
+        return Prediction(ttft_s=ttft + ttft_stretch, tpot_s=tpot)
+
+    def prefill_share(self) -> float:
+        """Share of the last PREFILL_WINDOW_S spent prefilling prompts routed here (capped)."""
+        now = self.clock()
+        while self.prefills and self.prefills[0][0] < now - PREFILL_WINDOW_S:
+            self.prefills.popleft()
+        return min(MAX_PREFILL_SHARE, sum(s for _, s in self.prefills) / PREFILL_WINDOW_S)
+
+    def step_s(self, concurrency: int, context_tokens: int) -> float:
+        return self.latency.predict(prompt_tokens=1, concurrency=concurrency, context_tokens=context_tokens).tpot_s
+
+    def busy_s(self) -> float:
+        """Predicted seconds until this engine has nothing left to do."""
+        if not self.flights:
+            return 0.0
+        step = self.step_s(max(1, self.running()), 0)
+        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
+        return self.prefill_s(self.prefill_backlog() + queued) + max(f.remaining_s(step) for f in self.flights)
+
+    def prefill_backlog(self) -> int:
+        """Prompt tokens still to prefill for the requests running here (an upper bound)."""
+        return sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.prefilling)
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
+
+    def harms(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> str:
+        """Which running requests a new request would push past their TPOT objective: here,
+        its prefill stalls their decodes; on a box-mate, its whole run slows them down."""
+        keys = kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
+        stall = self.prefill_s(len(prompt_ids) - self.cached_tokens(keys))
+        whole = stall + output_tokens * self.step_s(self.running() + 1, len(prompt_ids))
+        now = self.clock()
+        hurt = 0
+        for f in [f for lane in (self, *self.mates) for f in lane.flights]:
+            if f.tpot_objective is None or f.output_tokens < 2:
+                continue  # (queued ones count too: they will decode beside it)
+            step = f.lane.step_s(max(1, f.lane.running()), f.prompt_tokens)
+            decoded = 0.0 if f.first_at is None else now - f.first_at
+            remaining = f.remaining_s(step)
+            delay = stall if f.lane is self else min(whole, remaining)
+            limit = f.tpot_objective * (f.output_tokens - 1)
+            if decoded + remaining <= limit < decoded + remaining + delay:  # it tips this one over
+                hurt += 1
+        if not hurt:
+            return ""
+        return f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective"
+
+
+def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
+    """The class's objectives, each scaled by `headroom` (what the router plans against)."""
+
+    def scaled(x: float | None) -> float | None:
+        return None if x is None else x * headroom
+
+    return Slo(name=name, ttft_s=scaled(cls.ttft_s), tpot_s=scaled(cls.tpot_s), deadline_s=scaled(cls.deadline_s))
+
+
+class Router:
+    """Picks each request's model by its SLO class and the load right now."""
+
+    def __init__(
+        self, settings: RoutingSettings, models: Sequence[ServedModel], boxes: Mapping[str, str] | None = None
+    ) -> None:
+        """`boxes`: each model's box (models absent from it, or all without it, share one)."""
+        self.settings = settings
+        self.lanes: dict[str, Lane] = {}
+        for m in sorted(models, key=lambda m: -m.settings.quality):  # best first; stable for ties
+            spec = m.engine.kv_spec
+            p = m.settings.latency
+            self.lanes[m.name] = Lane(
+                served=m,
+                latency=LatencyModel(
+                    Profile(**p.model_dump()),
+                    window=settings.window,
+                ),
+                slots=min(spec.max_num_seqs, m.settings.max_concurrency or spec.max_num_seqs),
+                clock=m.engine.clock,
+                cache_blocks=spec.usable_blocks if spec.prefix_caching else 0,
+            )
+        box = {n: (boxes or {}).get(n, "") for n in self.lanes}
+        for n, lane in self.lanes.items():
+            lane.mates = [other for m, other in self.lanes.items() if m != n and box[m] == box[n]]
+        self.routed: dict[str, int] = {}
+        self.rejected = 0
+
+    def is_alias(self, name: str) -> bool:
+        return name in self.settings.aliases
+
+    def candidates(self, requested: str, principal: Principal, resolve: Callable[[str], ServedModel]) -> list[str]:
+        """The models this request may go to, best first (an explicit model first of all)."""
+        usable = [n for n, lane in self.lanes.items() if principal.may_use(lane.served.settings.names)]
+        if self.is_alias(requested):
+            return usable
+        own = resolve(requested).name
+        rest = [n for n in usable if n != own]
+        return [own, *rest] if self._may_substitute(principal) else [own]
+
+    def _may_substitute(self, principal: Principal) -> bool:
+        allowed = principal.limits.allow_substitution
+        return self.settings.allow_substitution if allowed is None else allowed
+
+    def slo_for(self, principal: Principal, header: str | None) -> tuple[str, Slo]:
+        name = (header or "").strip().lower() or principal.limits.slo_class or self.settings.default_class
+        cls = self.settings.classes.get(name)
+        if cls is None:
+            raise InvalidRequest(
+                f"Unknown SLO class {name!r}; use one of: {', '.join(self.settings.classes)}.", code="invalid_slo_class"
+            )
+        return name, slo_of(name, cls, self.settings.headroom)
+
+    def route(
+        self,
+        requested: str,
+        names: Sequence[str],
+        principal: Principal,
+        slo_header: str | None,
+        prompt_ids: Sequence[int],
+        output_tokens: int,
+        salt: str | None,
+    ) -> tuple[str, RouteInfo]:
+        """The model to serve this request, or SloUnattainable (before it queues anywhere)."""
+        slo_name, slo = self.slo_for(principal, slo_header)
+        predictions = {n: self.lanes[n].predict(prompt_ids, output_tokens, salt) for n in names}
+        candidates = [
+            Candidate(
+                n,
+                predictions[n],
+                self.lanes[n].served.engine.is_healthy,
+                harms=self.lanes[n].harms(prompt_ids, output_tokens, salt),
+            )
+            for n in names
+        ]
+        if self.is_alias(requested):
+            decision = choose(requested, candidates, slo, output_tokens, aliases=dict(self.settings.aliases))
+        else:  # names[0] is the requested model; more names only where the key may substitute
+            decision = choose(names[0], candidates, slo, output_tokens, aliases={}, allow_substitution=len(names) > 1)
+        if isinstance(decision, NoRoute):
+            self.rejected += 1
+            raise self._unattainable(decision, names, slo, prompt_ids, output_tokens)
+        assert isinstance(decision, Route)
+        self.routed[decision.model] = self.routed.get(decision.model, 0) + 1
+        return decision.model, RouteInfo(
+            slo=slo_name, reason=decision.reason, predicted=predictions[decision.model], tpot_objective=slo.tpot_s
+        )
+
+    def _unattainable(
+        self, no: NoRoute, names: Sequence[str], slo: Slo, prompt_ids: Sequence[int], output_tokens: int
+    ) -> SloUnattainable:
+        """Busy (retry later) or impossible (no model meets it even idle: don't retry)."""
+        idle = [
+            Candidate(n, self.lanes[n].latency.predict(prompt_tokens=len(prompt_ids)), True)
+            for n in names
+            if self.lanes[n].served.engine.is_healthy
+        ]
+        if idle and isinstance(
+            choose(idle[0].model, idle, slo, output_tokens, aliases={}, allow_substitution=True), Route
+        ):
+            return SloUnattainable(
+                f"No model can meet the '{slo.name}' latency objective under the current load: {no.reason}. "
+                f"Retry in about {no.retry_after_s:g} s, or use a less urgent SLO class.",
+                retry_after_s=no.retry_after_s,
+            )
+        return SloUnattainable(
+            f"No model can meet the '{slo.name}' latency objective for this request even when idle: {no.reason}. "
+            "Use a less urgent SLO class (e.g. batch) or a shorter prompt.",
+            retry_after_s=None,
+        )
+
+    def fly(
+        self,
+        model: str,
+        prompt_ids: Sequence[int],
+        output_tokens: int,
+        salt: str | None,
+        tpot_objective: float | None = None,
+    ) -> Flight:
+        lane = self.lanes[model]
+        keys = kv.prefix_keys(prompt_ids, lane.served.engine.kv_spec.block_size, salt) if lane.cache_blocks else ()
+        lane.prefills.append((lane.clock(), lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
+        flight = Flight(
+            lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), tpot_objective=tpot_objective
+        )
+        lane.flights.append(flight)
+        return flight
+
+    def snapshot(self) -> dict[str, object]:
+        out: dict[str, object] = {"routed": dict(self.routed), "rejected": self.rejected, "models": {}}
+        for name, lane in self.lanes.items():
+            idle = lane.latency.predict(prompt_tokens=1024)
+            out["models"][name] = {  # type: ignore[index]
+                "in_flight": len(lane.flights),
+                "running": lane.running(),
+                "observations": lane.latency.observations,
+                "idle_ttft_s_1k": round(idle.ttft_s, 4),
+                "idle_tpot_s": round(idle.tpot_s, 5),
+            }
+        return out

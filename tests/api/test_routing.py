@@ -1,0 +1,146 @@
+"""Latency-SLO routing between two real vLLM CPU engines of different speed.
+
+`deep` (tiny-qwen3-deep, ~60 ms per token here) is the better model by config but its
+profile wrongly claims the speed of `quick` (tiny-qwen3, ~8 ms per token). The router
+must learn deep's real decode speed from what it observes and then send `auto` traffic
+that needs a fast decode to quick, while traffic with a loose objective still gets deep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from gateway.settings import hash_key
+from tests.conftest import MODELS, ROOT, Server, free_port, launch
+
+KEY = "sk-route-user"
+SUBSTITUTE_KEY = "sk-route-flexible"
+SNAPPY_TPOT_S = 0.025  # between the two engines' real decode speeds
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+pytestmark = pytest.mark.engine
+
+
+def _model(name: str, path: str, quality: float, core: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "path": str(MODELS / path),
+        "max_model_len": 4096,
+        "max_num_seqs": 4,
+        "kv_cache_bytes": "64MiB",
+        "cpu_cores": core,
+        "quality": quality,
+        # Both profiles claim 8 ms per token: only observation can tell them apart.
+        "latency": {"prefill_tokens_per_s": 20_000, "ttft_overhead_s": 0.05, "tpot_s": 0.008},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("routing")
+    port = free_port()
+    second = "1" if (os.cpu_count() or 1) > 1 else "0"
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "auth": {
+            "required": True,
+            "keys": [
+                {"name": "user", "sha256": hash_key(KEY)},
+                {"name": "flexible", "sha256": hash_key(SUBSTITUTE_KEY), "allow_substitution": True},
+            ],
+        },
+        "routing": {
+            "enabled": True,
+            "classes": {"snappy": {"ttft_s": 5.0, "tpot_s": SNAPPY_TPOT_S}, "relaxed": {"deadline_s": 600}},
+            "default_class": "snappy",
+            "window": 4,
+        },
+        "models": [
+            _model("quick", "tiny-qwen3", 1, second),
+            _model("deep", "tiny-qwen3-deep", 2, "0", load_format="dummy"),
+        ],
+    }
+    path = tmp / "routing.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with launch(path, tmp / "gateway.log", port) as server:
+        yield server
+
+
+def ask(server: Server, model: str, key: str = KEY, slo: str | None = None, max_tokens: int = 24) -> Any:
+    client = openai.OpenAI(base_url=server.api, api_key=key, max_retries=0)
+    headers = {"X-Sparkgate-SLO": slo} if slo else None
+    return client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        extra_body={"ignore_eos": True},
+        extra_headers=headers,
+    )
+
+
+def routing_stats(server: Server) -> dict[str, Any]:
+    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()["routing"]  # type: ignore[no-any-return]
+
+
+def test_router_learns_engine_speed_and_routes_by_it(gateway: Server) -> None:
+    # Before any observation both look equally fast: `auto` takes the better model.
+    first = ask(gateway, "auto")
+    assert first.headers["x-sparkgate-model"] == "deep"
+    assert first.headers["x-sparkgate-slo"] == "snappy"
+    assert first.headers["x-sparkgate-route"] == "best: meets snappy"
+    assert float(first.headers["x-sparkgate-predicted-tpot-ms"]) < SNAPPY_TPOT_S * 1000
+    assert first.parse().usage.completion_tokens == 24
+
+    # It watched deep decode at several times its profile: now `auto` degrades to quick.
+    learned = routing_stats(gateway)["models"]["deep"]
+    assert learned["observations"] >= 2 and learned["idle_tpot_s"] > SNAPPY_TPOT_S, learned
+    second = ask(gateway, "auto")
+    assert second.headers["x-sparkgate-model"] == "quick"
+    assert second.headers["x-sparkgate-route"].startswith("degraded from deep (TPOT ")
+    for _ in range(3):  # quick's observations confirm its profile: it keeps meeting snappy
+        assert ask(gateway, "auto").headers["x-sparkgate-model"] == "quick"
+    quick = routing_stats(gateway)["models"]["quick"]
+    assert quick["observations"] >= 4 and quick["idle_tpot_s"] < SNAPPY_TPOT_S, quick
+
+    # A loose objective (a request header) still gets the better model.
+    relaxed = ask(gateway, "auto", slo="relaxed")
+    assert relaxed.headers["x-sparkgate-model"] == "deep" and relaxed.headers["x-sparkgate-slo"] == "relaxed"
+    # `fast` takes the quickest predicted.
+    assert ask(gateway, "fast", slo="relaxed").headers["x-sparkgate-model"] == "quick"
+
+
+def test_explicit_model_is_honoured_or_refused_early(gateway: Server) -> None:
+    ask(gateway, "deep", slo="relaxed")  # deep's speed is known (also when this test runs alone)
+    # Named explicitly, deep is not swapped for another model: it cannot meet snappy even
+    # idle, so the answer is an early 429 that tells the client not to retry.
+    with pytest.raises(openai.RateLimitError) as err:
+        ask(gateway, "deep")
+    assert err.value.status_code == 429
+    body = err.value.response.json()["error"]
+    assert body["code"] == "slo_unattainable" and "even when idle" in body["message"]
+    assert err.value.response.headers["x-should-retry"] == "false"
+    # A key that allows substitution gets quick instead, and is told so.
+    swapped = ask(gateway, "deep", key=SUBSTITUTE_KEY)
+    assert swapped.headers["x-sparkgate-model"] == "quick"
+    assert swapped.headers["x-sparkgate-route"] == "substituted: meets snappy"
+    # An unknown class is the request's fault.
+    with pytest.raises(openai.BadRequestError) as bad:
+        ask(gateway, "auto", slo="warp-speed")
+    assert bad.value.response.json()["error"]["code"] == "invalid_slo_class"
+
+
+def test_routing_aliases_are_listed_as_models(gateway: Server) -> None:
+    models = openai.OpenAI(base_url=gateway.api, api_key=KEY).models.list()
+    assert [m.id for m in models.data] == ["quick", "deep", "auto", "best", "fast"]
+    with pytest.raises(openai.NotFoundError):
+        ask(gateway, "no-such-model")
