@@ -29,18 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine_adapter.spark_box import MODELS  # noqa: E402
-from gateway.fleet import Deployed, Placement, RequestKind, Summary, placement_from_settings, simulate  # noqa: E402
+from gateway.fleet import DEFAULT_WORKLOAD, Deployed, Placement, Summary, placement_from_settings, simulate  # noqa: E402
 from gateway.plot import line_chart  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
-WORKLOAD = (
-    # Chat: a shared 1,000-token system prompt (cacheable) + the conversation; 300 tokens back.
-    RequestKind("chat", 0.70, (1_000, 3_000), 300, "interactive", shared_prefix=1_000),
-    # Questions about a long document: 30-64K tokens in, 300 out.
-    RequestKind("document", 0.10, (30_000, 64_000), 300, "document"),
-    # Batch summaries: 8-16K in, 1,000 out, by a deadline.
-    RequestKind("summary", 0.20, (8_000, 16_000), 1_000, "batch"),
-)
+WORKLOAD = DEFAULT_WORKLOAD  # chat 70%, long documents 10%, batch summaries 20% (gateway/fleet.py)
 TARGET_ATTAINMENT = 0.99
 SINGLE_BELOW = 0.80
 

@@ -1,4 +1,4 @@
-"""`sparkgate serve | prepare-models | hash-key | keys create|list|revoke|usage`."""
+"""`sparkgate serve | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
 
 from __future__ import annotations
 
@@ -74,6 +74,58 @@ def prepare_models(
 
     for path in prepare(root, force=force):
         typer.echo(f"ready: {path}")
+
+
+@app.command()
+def plan(
+    config: Annotated[Path, typer.Option("--config", "-c", help="A config with simulated models")] = Path(
+        "config/sim-dgx-spark.yaml"
+    ),
+    boxes: Annotated[int, typer.Option(help="DGX Spark boxes to place the models on")] = 2,
+    mix: Annotated[str | None, typer.Option(help="Workload shares, e.g. chat=0.7,document=0.1,summary=0.2")] = None,
+    target: Annotated[float, typer.Option(help="SLO attainment a placement must keep")] = 0.95,
+    per_user: Annotated[float, typer.Option(help="Requests per user per minute, for the users column")] = 1.0,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals per load")] = 1200.0,
+    max_rate: Annotated[float, typer.Option(help="Highest load tried, requests/s")] = 1.0,
+    step: Annotated[float, typer.Option(help="Load step, requests/s")] = 0.05,
+    out: Annotated[Path, typer.Option(help="The HTML page with the plot")] = Path("plan.html"),
+) -> None:
+    """Capacity planner: requests/s and users each placement sustains within the SLOs."""
+    import dataclasses
+
+    from gateway import planner
+    from gateway.fleet import DEFAULT_WORKLOAD
+    from gateway.settings import load_settings
+
+    try:
+        settings = load_settings(config)
+    except (OSError, ValueError) as e:
+        typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
+        raise typer.Exit(2) from None
+    if any(m.simulated is None for m in settings.models):
+        typer.echo("sparkgate: plan needs every model's `simulated` section (its box-model key)", err=True)
+        raise typer.Exit(2)
+    kinds = list(DEFAULT_WORKLOAD)
+    if mix:
+        try:
+            shares = {k: float(v) for k, v in (p.split("=") for p in mix.split(","))}
+        except ValueError:
+            typer.echo(f"sparkgate: --mix wants name=share pairs, got {mix!r}", err=True)
+            raise typer.Exit(2) from None
+        unknown = set(shares) - {k.name for k in kinds}
+        if unknown:
+            typer.echo(f"sparkgate: unknown kinds {sorted(unknown)}; known: {[k.name for k in kinds]}", err=True)
+            raise typer.Exit(2)
+        kinds = [dataclasses.replace(k, share=shares.get(k.name, 0.0)) for k in kinds if shares.get(k.name, 0.0) > 0]
+    rates = [round(step * i, 4) for i in range(1, int(max_rate / step + 1e-9) + 1)]
+    rows = []
+    for placement in planner.placements(settings.models, boxes):
+        row = planner.sustain(placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration)
+        typer.echo(f"  {placement.name}: {row.sustained_rps:.2f} req/s", err=True)
+        rows.append(row)
+    typer.echo("\n".join(planner.table(rows, target, per_user)))
+    out.write_text(planner.html(rows, kinds, target, per_user))
+    typer.echo(f"plot: {out}")
 
 
 @app.command("hash-key")

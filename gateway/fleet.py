@@ -16,6 +16,7 @@ contention, pessimistic for compute-bound prefill).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import random
 from collections.abc import Iterable, Sequence
@@ -27,7 +28,7 @@ from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, GiB, SimConfig, 
 from gateway.auth import ANONYMOUS
 from gateway.errors import SloUnattainable
 from gateway.registry import ServedModel
-from gateway.router import Flight, Router, slo_of
+from gateway.router import Flight, RouteInfo, Router, slo_of
 from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings, SimulatedSettings
 from policies.latency import Prediction
 from policies.routing import Slo
@@ -65,6 +66,17 @@ class RequestKind:
     output_tokens: int
     slo: str
     shared_prefix: int = 0  # tokens every request of this kind starts with (a system prompt)
+
+
+# The team's mix: chat, questions about long documents, batch summaries.
+DEFAULT_WORKLOAD = (
+    # Chat: a shared 1,000-token system prompt (cacheable) + the conversation; 300 tokens back.
+    RequestKind("chat", 0.70, (1_000, 3_000), 300, "interactive", shared_prefix=1_000),
+    # Questions about a long document: 30-64K tokens in, 300 out.
+    RequestKind("document", 0.10, (30_000, 64_000), 300, "document"),
+    # Batch summaries: 8-16K in, 1,000 out, by a deadline.
+    RequestKind("summary", 0.20, (8_000, 16_000), 1_000, "batch"),
+)
 
 
 @dataclass(frozen=True)
@@ -201,20 +213,20 @@ class Fleet:
         self.router = Router(routing, served, boxes) if strategy == "router" else None
         self._rr = itertools.cycle([d.name for d in placement.models])
         self.outcomes: dict[str, Outcome] = {}
+        self._held: list[tuple[float, str, Arrival, str]] = []  # (release time, id, arrival, model)
 
     def _slo(self, name: str) -> Slo:
         return slo_of(name, self.routing.classes[name])  # the objective itself, no headroom
 
-    def _pick(self, a: Arrival) -> tuple[str | None, float | None]:
-        """The model for this arrival (None: turned away) and the TPOT objective it protects."""
+    def _pick(self, a: Arrival) -> tuple[str | None, RouteInfo | None]:
+        """The model for this arrival (None: turned away) and routing's decision."""
         if self.router is None:
             return (next(self._rr) if self.strategy == "round-robin" else self.strategy), None
         names = list(self.router.lanes)
         try:
-            name, info = self.router.route("auto", names, ANONYMOUS, a.kind.slo, a.prompt, a.kind.output_tokens, None)
+            return self.router.route("auto", names, ANONYMOUS, a.kind.slo, a.prompt, a.kind.output_tokens, None)
         except SloUnattainable:
             return None, None
-        return name, info.tpot_objective
 
     def _busy_on(self, box: str) -> int:
         return sum(1 for lane in self.lanes.values() if lane.deployed.box == box and lane.sim.has_work)
@@ -266,9 +278,22 @@ class Fleet:
         while True:
             pending = [(lane.pending.end, name) for name, lane in self.lanes.items() if lane.pending is not None]
             next_step = min(pending) if pending else None
-            if i < len(queue) and (next_step is None or queue[i].t <= next_step[0]):
-                self._arrive(queue[i])
-                i += 1
+            next_at = min(
+                [
+                    t
+                    for t in (queue[i].t if i < len(queue) else None, self._held[0][0] if self._held else None)
+                    if t is not None
+                ],
+                default=None,
+            )
+            if next_at is not None and (next_step is None or next_at <= next_step[0]):
+                if i < len(queue) and queue[i].t == next_at:
+                    self._arrive(queue[i])
+                    i += 1
+                else:
+                    t, _, a, name = heapq.heappop(self._held)
+                    self.clock.now = t
+                    self._submit(a, name)
                 continue
             if next_step is None:
                 return
@@ -286,19 +311,30 @@ class Fleet:
         self.clock.now = a.t
         o = Outcome(kind=a.kind.name, arrival=a.t)
         self.outcomes[a.id] = o
-        name, tpot_objective = self._pick(a)
+        name, info = self._pick(a)
         if name is None:
             return
         o.model = name
         lane = self.lanes[name]
+        if self.router is not None and info is not None:
+            flight = self.router.fly(name, a.prompt, a.kind.output_tokens, None, info.tpot_objective, info.hold_s)
+            lane.flights[a.id] = flight
+            if info.hold_s > 0:  # routing holds it back, as the gateway would
+                heapq.heappush(self._held, (flight.not_before, a.id, a, name))
+                return
+        self._submit(a, name)
+
+    def _submit(self, a: Arrival, name: str) -> None:
+        lane = self.lanes[name]
         try:
-            lane.sim.advance_to(a.t)
-            lane.sim.submit(a.id, a.prompt, a.kind.output_tokens, arrival_time=a.t)
+            lane.sim.advance_to(self.clock.now)
+            lane.sim.submit(a.id, a.prompt, a.kind.output_tokens, arrival_time=self.clock.now)
         except ValueError:  # cannot fit this engine at all: a failure, not a wait
-            o.model = None
+            self.outcomes[a.id].model = None
+            flight = lane.flights.pop(a.id, None)
+            if flight is not None:
+                flight.finish()
             return
-        if self.router is not None:
-            lane.flights[a.id] = self.router.fly(name, a.prompt, a.kind.output_tokens, None, tpot_objective)
         if lane.pending is None:
             self._start_step(lane)
             self._admit_new(lane)

@@ -240,7 +240,12 @@ def _fly(routing: Routing, job: Job) -> Job:
     first = job.requests[0]
     out = min(first.sampling.max_tokens, routing.router.settings.default_output_tokens)
     flight = routing.router.fly(
-        job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route.tpot_objective
+        job.served.name,
+        first.prompt_token_ids,
+        out,
+        first.cache_salt,
+        job.route.tpot_objective,
+        job.route.hold_s,
     )
     return dataclasses.replace(job, flight=flight)
 
@@ -446,6 +451,16 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
         tokens=job.worst_case_tokens,
         user_max_running=user_max_running,
     )
+
+
+async def route_hold(job: Job) -> None:
+    """Wait until routing lets the job go to its engine (its hold, on the engine's clock)."""
+    if job.flight is None:
+        return
+    engine = job.served.engine
+    while (left := job.flight.not_before - engine.clock()) > 0:
+        # The engine's clock may run faster than the wall clock (a simulated box): poll.
+        await asyncio.sleep(min(0.25, left))
 
 
 async def _checked(

@@ -43,6 +43,7 @@ class RouteInfo:
     reason: str
     predicted: Prediction
     tpot_objective: float | None = None
+    hold_s: float = 0.0  # hold it this long before it goes to the engine (engine seconds)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Flight:
     keys: tuple[Hashable, ...]  # its prompt's prefix-cache keys
     routed_at: float
     tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
+    not_before: float = 0.0  # held until then (engine clock) so as not to stall running requests
     admitted_at: float | None = None
     first_at: float | None = None
     last_at: float | None = None
@@ -209,6 +211,11 @@ class Lane:
         queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
         return self.prefill_s(self.prefill_backlog() + queued) + max(f.remaining_s(step) for f in self.flights)
 
+    def prefill_after(self, flight: Flight) -> int:
+        """Prompt tokens of the requests routed here after `flight` still to prefill."""
+        later = self.flights[self.flights.index(flight) + 1 :]
+        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None)
+
     def prefill_backlog(self) -> int:
         """Prompt tokens still to prefill for the requests running here (an upper bound)."""
         return sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.prefilling)
@@ -216,7 +223,7 @@ class Lane:
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
 
-    def harms(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> str:
+    def harms(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> tuple[str, float]:
         """Which running requests a new request would push past their TPOT objective: here,
         its prefill stalls their decodes; on a box-mate, its whole run slows them down."""
         keys = kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
@@ -224,19 +231,23 @@ class Lane:
         whole = stall + output_tokens * self.step_s(self.running() + 1, len(prompt_ids))
         now = self.clock()
         hurt = 0
+        clears = 0.0  # when the last request it would hurt is done
         for f in [f for lane in (self, *self.mates) for f in lane.flights]:
             if f.tpot_objective is None or f.output_tokens < 2:
                 continue  # (queued ones count too: they will decode beside it)
             step = f.lane.step_s(max(1, f.lane.running()), f.prompt_tokens)
             decoded = 0.0 if f.first_at is None else now - f.first_at
-            remaining = f.remaining_s(step)
+            # Its decode still has to sit through the prompts routed here after it.
+            remaining = f.remaining_s(step) + f.lane.prefill_s(f.lane.prefill_after(f))
             delay = stall if f.lane is self else min(whole, remaining)
             limit = f.tpot_objective * (f.output_tokens - 1)
             if decoded + remaining <= limit < decoded + remaining + delay:  # it tips this one over
                 hurt += 1
+                wait = 0.0 if f.admitted_at is not None else f.lane.prefill_s(f.prompt_tokens - f.cached_tokens)
+                clears = max(clears, wait + remaining)
         if not hurt:
-            return ""
-        return f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective"
+            return "", 0.0
+        return f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective", clears
 
 
 def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
@@ -314,15 +325,11 @@ class Router:
         """The model to serve this request, or SloUnattainable (before it queues anywhere)."""
         slo_name, slo = self.slo_for(principal, slo_header)
         predictions = {n: self.lanes[n].predict(prompt_ids, output_tokens, salt) for n in names}
-        candidates = [
-            Candidate(
-                n,
-                predictions[n],
-                self.lanes[n].served.engine.is_healthy,
-                harms=self.lanes[n].harms(prompt_ids, output_tokens, salt),
-            )
-            for n in names
-        ]
+        candidates = []
+        for n in names:
+            harms, clears = self.lanes[n].harms(prompt_ids, output_tokens, salt)
+            healthy = self.lanes[n].served.engine.is_healthy
+            candidates.append(Candidate(n, predictions[n], healthy, harms=harms, harm_clears_s=clears))
         if self.is_alias(requested):
             decision = choose(requested, candidates, slo, output_tokens, aliases=dict(self.settings.aliases))
         else:  # names[0] is the requested model; more names only where the key may substitute
@@ -332,8 +339,13 @@ class Router:
             raise self._unattainable(decision, names, slo, prompt_ids, output_tokens)
         assert isinstance(decision, Route)
         self.routed[decision.model] = self.routed.get(decision.model, 0) + 1
+        held = predictions[decision.model]
         return decision.model, RouteInfo(
-            slo=slo_name, reason=decision.reason, predicted=predictions[decision.model], tpot_objective=slo.tpot_s
+            slo=slo_name,
+            reason=decision.reason,
+            predicted=Prediction(held.ttft_s + decision.hold_s, held.tpot_s),
+            tpot_objective=slo.tpot_s,
+            hold_s=decision.hold_s,
         )
 
     def _unattainable(
@@ -366,12 +378,20 @@ class Router:
         output_tokens: int,
         salt: str | None,
         tpot_objective: float | None = None,
+        hold_s: float = 0.0,
     ) -> Flight:
         lane = self.lanes[model]
         keys = kv.prefix_keys(prompt_ids, lane.served.engine.kv_spec.block_size, salt) if lane.cache_blocks else ()
         lane.prefills.append((lane.clock(), lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
+        now = lane.clock()
         flight = Flight(
-            lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), tpot_objective=tpot_objective
+            lane,
+            len(prompt_ids),
+            output_tokens,
+            keys,
+            routed_at=now,
+            tpot_objective=tpot_objective,
+            not_before=now + hold_s,
         )
         lane.flights.append(flight)
         return flight

@@ -77,7 +77,6 @@ class LatencyModel:
         self.profile = profile
         self.max_ratio = max_ratio  # ratios beyond this (either way) are measurement errors: ignored
         self._overhead = _RobustFactor(window)
-        self._work = _RobustFactor(window)  # every band together
         self._bands: dict[int, _RobustFactor] = {}
         self._window = window
         self._tpot = _RobustFactor(window)
@@ -120,36 +119,40 @@ class LatencyModel:
         work = self._base_work(prompt_tokens, cached_tokens, queued_ahead_tokens)
         tokens = prompt_tokens - cached_tokens + queued_ahead_tokens
         if work >= overhead:
-            ratio = self._add(self._work, seconds - overhead * self._overhead.value, work)
-            if ratio is not None:
-                self._bands.setdefault(_band(tokens), _RobustFactor(self._window)).add(ratio)
+            band = self._bands.setdefault(_band(tokens), _RobustFactor(self._window))
+            self._add(band, seconds - overhead * self._overhead.value, work)
         else:
             self._add(self._overhead, seconds - work * self._work_factor(tokens), overhead)
 
     def _work_factor(self, tokens: int) -> float:
-        """The factor of the nearest size band with observations (the larger on a tie)."""
+        """The band's own factor once it has an observation, else a neighbouring band's
+        well-observed one (the larger band first), else the profile's (1.0): a band two
+        factors of 4 away says little (a short prefill is bound by other things than a long)."""
         want = _band(tokens)
-        known = [b for b, f in self._bands.items() if len(f.ordered) >= _MIN_BAND]
-        if not known:
-            return self._work.value
-        return self._bands[min(known, key=lambda b: (abs(b - want), -b))].value
+        own = self._bands.get(want)
+        if own is not None and own.ordered:
+            return own.value
+        for b in (want + 1, want - 1):
+            near = self._bands.get(b)
+            if near is not None and len(near.ordered) >= _MIN_BAND:
+                return near.value
+        return 1.0
 
     def observe_tpot(self, seconds: float, *, concurrency: int, context_tokens: int) -> None:
         self._add(self._tpot, seconds, self._base_tpot(concurrency, context_tokens))
 
-    def _add(self, factor: _RobustFactor, observed: float, base: float) -> float | None:
-        """Add observed/base to the factor; the ratio, or None when it was dropped."""
+    def _add(self, factor: _RobustFactor, observed: float, base: float) -> None:
+        """Add observed/base to the factor, unless it is a measurement error."""
         if observed <= 0 or base <= 0:
-            return None
+            return
         ratio = observed / base
         if not 1 / self.max_ratio <= ratio <= self.max_ratio:
-            return None
+            return
         factor.add(ratio)
         self.observations += 1
-        return ratio
 
 
-_MIN_BAND = 3  # observations before a size band's own factor is trusted
+_MIN_BAND = 3  # observations before a band's factor is lent to its neighbours
 
 
 def _band(tokens: int) -> int:

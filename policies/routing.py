@@ -42,9 +42,22 @@ class Candidate:
     model: str
     prediction: Prediction
     available: bool = True  # the engine is up and the key may use it
-    # Why sending it here would make requests already running there miss their objectives
-    # (empty: it would not). A candidate that would is treated like one that misses.
+    # Why sending it here now would make requests already running there miss their
+    # objectives (empty: it would not), and in how many seconds that stops being so
+    # (None: not soon). A request that can afford to wait that long is held, not sent.
     harms: str = ""
+    harm_clears_s: float | None = None
+
+    def hold(self, slo: Slo, output_tokens: int) -> float | None:
+        """Seconds to hold the request before sending it here (0: none), or None: it misses."""
+        if slo.misses(self.prediction, output_tokens):
+            return None
+        if not self.harms:
+            return 0.0
+        if self.harm_clears_s is None:
+            return None
+        later = Prediction(self.prediction.ttft_s + self.harm_clears_s, self.prediction.tpot_s)
+        return None if slo.misses(later, output_tokens) else self.harm_clears_s
 
     def misses(self, slo: Slo, output_tokens: int) -> list[str]:
         out = slo.misses(self.prediction, output_tokens)
@@ -55,6 +68,7 @@ class Candidate:
 class Route:
     model: str
     reason: str
+    hold_s: float = 0.0  # wait this long before sending it (so as not to stall running requests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +93,9 @@ def choose(
     strategy = aliases.get(requested)
     if strategy is None:  # an explicit model
         mine = next((c for c in live if c.model == requested), None)
-        if mine is not None and not mine.misses(slo, output_tokens):
-            return Route(mine.model, f"requested; meets {slo.name}")
+        hold = None if mine is None else mine.hold(slo, output_tokens)
+        if mine is not None and hold is not None:
+            return _route(mine.model, f"requested; meets {slo.name}", hold)
         if not allow_substitution:
             why = "unavailable" if mine is None else "; ".join(mine.misses(slo, output_tokens))
             return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
@@ -91,13 +106,19 @@ def choose(
         order = list(live)
     passed: list[str] = []
     for c in order:
-        misses = c.misses(slo, output_tokens)
-        if not misses:
+        hold = c.hold(slo, output_tokens)
+        if hold is not None:
             if not passed:
-                return Route(c.model, f"{strategy or 'substituted'}: meets {slo.name}")
-            return Route(c.model, f"degraded from {', '.join(passed)}: predicted to miss {slo.name}")
-        passed.append(f"{c.model} ({'; '.join(misses)})")
+                return _route(c.model, f"{strategy or 'substituted'}: meets {slo.name}", hold)
+            return _route(c.model, f"degraded from {', '.join(passed)}: predicted to miss {slo.name}", hold)
+        passed.append(f"{c.model} ({'; '.join(c.misses(slo, output_tokens))})")
     return NoRoute(f"no model meets the {slo.name} objective: {', '.join(passed)}", _wait(live, slo))
+
+
+def _route(model: str, reason: str, hold_s: float) -> Route:
+    if hold_s > 0:
+        reason += f" after a {hold_s:.1f}s hold (not to stall running requests)"
+    return Route(model, reason, hold_s)
 
 
 def _wait(live: Sequence[Candidate], slo: Slo) -> float:

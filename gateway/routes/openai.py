@@ -144,6 +144,7 @@ async def _respond(job: Job, state: State, request: Request) -> Response:
         # The quota first: a request over its key's limits must not queue for the engine.
         hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
         try:
+            await pipeline.route_hold(job)  # routing may hold it back so as not to stall running requests
             ticket = await _admit(demand, state, request)
         except BaseException:
             hold.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,37 @@ def test_serve_refuses_a_box_that_cannot_hold_the_models(tmp_path: Path) -> None
     assert "do not fit in the box's memory" in r.stderr
     assert "qwen3.8-flash-next: weights 85.00 GiB" in r.stderr and "25.00 GiB more than the box has" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
+    out = tmp_path / "plan.html"
+    args = ["plan", "--boxes", "1", "--duration", "60", "--max-rate", "0.1", "--step", "0.1", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args, "--mix", "chat=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    table = r.stdout.splitlines()
+    assert table[0].startswith("placement") and "req/s at 95%" in table[0]
+    assert {re.split(r"\s{2,}", line)[0] for line in table[1:-1]} == {
+        "qwen3.6-35b-a3b",
+        "qwen3.8-27b",
+        "qwen3.8-flash-next",
+        "qwen3.8-27b + qwen3.6-35b-a3b",
+    }
+    page = out.read_text()
+    assert "<svg" in page and "chat: 100%" in page and "qwen3.8-27b + qwen3.6-35b-a3b" in page
+
+
+def test_plan_rejects_an_unknown_workload_kind() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "plan", "--mix", "poetry=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "unknown kinds ['poetry']" in r.stderr

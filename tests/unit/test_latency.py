@@ -80,9 +80,20 @@ def test_short_prompts_correct_the_overhead_not_the_prefill_rate() -> None:
     for _ in range(10):  # a long prompt took twice its work
         m.observe_ttft(0.1 + 2 * (64 + 0.01 * 64**2), prompt_tokens=64_000)
     assert m.predict(prompt_tokens=64_000).ttft_s == pytest.approx(0.1 + 2 * (64 + 0.01 * 64**2))
-    # A cached prefix costs neither its tokens nor its attention.
+    # A cached prefix costs neither its tokens nor its attention. Its 1,000 new tokens are in a
+    # band with no observation, two bands from the 64K ones: the profile's rate applies.
     hit = m.predict(prompt_tokens=64_000, cached_tokens=63_000).ttft_s
-    assert hit == pytest.approx(0.1 + 2 * (1 + 0.01 * (64**2 - 63**2)))
+    assert hit == pytest.approx(0.1 + (1 + 0.01 * (64**2 - 63**2)))
+
+
+def test_a_band_without_observations_borrows_a_neighbour_s() -> None:
+    m = LatencyModel(Profile(prefill_tokens_per_s=1000, ttft_overhead_s=0.0))
+    for _ in range(3):
+        m.observe_ttft(3 * 20.0, prompt_tokens=20_000)  # 16K-64K band: 3x slower
+    assert m.predict(prompt_tokens=20_000).ttft_s == pytest.approx(60.0)
+    assert m.predict(prompt_tokens=10_000).ttft_s == pytest.approx(30.0)  # 4K-16K: borrows
+    assert m.predict(prompt_tokens=100_000).ttft_s == pytest.approx(300.0)  # 64K+: borrows
+    assert m.predict(prompt_tokens=2_000).ttft_s == pytest.approx(2.0)  # 1K-4K: too far, the profile
 
 
 def test_an_observation_below_the_other_term_is_ignored() -> None:

@@ -5,6 +5,7 @@ from policies.routing import Candidate, NoRoute, Route, Slo, choose
 
 INTERACTIVE = Slo("interactive", ttft_s=2.0, tpot_s=0.060)
 BATCH = Slo("batch", deadline_s=120.0)
+DOCUMENT = Slo("document", ttft_s=60.0, tpot_s=0.060)
 ALIASES = {"auto": "best", "best": "best", "fast": "fast"}
 
 
@@ -64,3 +65,26 @@ def test_a_candidate_that_would_stall_running_requests_is_passed_over() -> None:
         "flash-next",
         "degraded from qwen3.8-27b (its 20.0s prefill would stall 2 running requests): predicted to miss batch",
     )
+
+
+def test_a_request_that_can_wait_is_held_until_it_no_longer_harms() -> None:
+    harmful = Candidate(
+        "qwen3.8-27b", Prediction(10.0, 0.013), harms="it would push 1 running request past", harm_clears_s=8.0
+    )
+    r = choose("auto", [harmful, *cands(1.0)[1:]], DOCUMENT, 300, aliases=ALIASES)
+    assert r == Route(
+        "qwen3.8-27b", "best: meets document after a 8.0s hold (not to stall running requests)", hold_s=8.0
+    )
+    # Interactive cannot wait 8 s: it degrades instead.
+    r = choose("auto", [harmful, *cands(1.0)[1:]], INTERACTIVE, 300, aliases=ALIASES)
+    assert isinstance(r, Route) and r.model == "flash-next" and r.hold_s == 0.0
+    # A harm with no end in sight is a miss.
+    forever = Candidate("qwen3.8-27b", Prediction(10.0, 0.013), harms="it would push 1 running request past")
+    r = choose("auto", [forever, *cands(1.0)[1:]], DOCUMENT, 300, aliases=ALIASES)
+    assert isinstance(r, Route) and r.model == "flash-next"
+
+
+def test_an_explicit_model_can_be_held_too() -> None:
+    harmful = Candidate("qwen3.8-27b", Prediction(10.0, 0.013), harms="it would stall", harm_clears_s=5.0)
+    r = choose("qwen3.8-27b", [harmful], DOCUMENT, 300, aliases=ALIASES)
+    assert r == Route("qwen3.8-27b", "requested; meets document after a 5.0s hold (not to stall running requests)", 5.0)

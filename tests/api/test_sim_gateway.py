@@ -1,0 +1,90 @@
+"""The whole gateway on config/sim-dgx-spark.yaml: three simulated DGX Spark engines
+(the box model), routed by latency SLO, through the real openai SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.conftest import ROOT, Server, free_port, launch
+
+KEY = "sk-sparkgate-dev"  # the config's demo key: interactive by default, may substitute
+SPEEDUP = 50.0
+MESSAGES = [{"role": "user", "content": "What is a DGX Spark?"}]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("sim")
+    cfg = yaml.safe_load((ROOT / "config/sim-dgx-spark.yaml").read_text())
+    port = free_port()
+    cfg["server"].update(port=port, cache_dir=str(ROOT / ".cache"))
+    cfg["base_dir"] = str(ROOT)
+    for m in cfg["models"]:
+        m["simulated"]["speedup"] = SPEEDUP
+    path = tmp / "sim.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with launch(path, tmp / "sim.log", port) as server:
+        yield server
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=KEY, max_retries=0)
+
+
+def test_auto_goes_to_the_best_model_on_an_idle_box(sim: Server) -> None:
+    raw = client(sim).chat.completions.with_raw_response.create(
+        model="auto",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=32,
+    )
+    assert raw.headers["x-sparkgate-model"] == "qwen3.8-27b"
+    assert raw.headers["x-sparkgate-route"] == "best: meets interactive"
+    # Predicted in the box's seconds: a short prompt's first token well under a second.
+    assert 0 < int(raw.headers["x-sparkgate-predicted-ttft-ms"]) < 1000
+    done = raw.parse()
+    assert done.model == "qwen3.8-27b" and done.usage is not None and done.usage.completion_tokens == 32
+
+
+def test_fast_streams_from_the_fastest_model(sim: Server) -> None:
+    with client(sim).chat.completions.with_streaming_response.create(
+        model="fast",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as resp:
+        assert resp.headers["x-sparkgate-model"] == "qwen3.6-35b-a3b"
+        events = [line for line in resp.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and len(events) > 3
+
+
+def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: Server) -> None:
+    doc = [{"role": "user", "content": "Summarize: " + "lorem ipsum dolor sit amet " * 9000}]  # ~45K tokens
+    with pytest.raises(openai.RateLimitError) as err:
+        client(sim).chat.completions.create(model="auto", messages=doc, max_tokens=16)  # type: ignore[arg-type]
+    body: dict[str, Any] = err.value.response.json()["error"]
+    assert body["code"] == "slo_unattainable" and "even when idle" in body["message"]
+    assert err.value.response.headers["x-should-retry"] == "false"
+
+    raw = client(sim).chat.completions.with_raw_response.create(
+        model="auto",
+        messages=doc,  # type: ignore[arg-type]
+        max_tokens=16,
+        extra_headers={"X-Sparkgate-SLO": "document"},
+    )
+    assert raw.headers["x-sparkgate-slo"] == "document"
+    assert raw.headers["x-sparkgate-model"] in {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.6-35b-a3b"}
+    assert raw.parse().usage.prompt_tokens > 40_000  # type: ignore[union-attr]
+
+
+def test_stats_show_routing(sim: Server) -> None:
+    r = httpx.get(f"{sim.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    routing = r.json()["routing"]
+    assert set(routing["models"]) == {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.6-35b-a3b"}
+    assert sum(routing["routed"].values()) >= 1

@@ -1,0 +1,44 @@
+"""The shipped configs load, their memory plans fit, and the placement is the one documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway import planner
+from gateway.settings import load_settings
+from policies.memory_plan import MemoryPlan
+
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml"])
+def test_config_loads(name: str) -> None:
+    s = load_settings(CONFIG / name)
+    plan = s.memory_plan()
+    assert plan is None or isinstance(plan, MemoryPlan), plan
+
+
+def test_real_deployment_two_boxes() -> None:
+    one, two = load_settings(CONFIG / "dgx-spark.yaml"), load_settings(CONFIG / "dgx-spark-2.yaml")
+    plan1, plan2 = one.memory_plan(), two.memory_plan()
+    assert isinstance(plan1, MemoryPlan) and isinstance(plan2, MemoryPlan)
+    assert plan1.kv_cache == {"qwen3.8-27b": 30 << 30, "qwen3.6-35b-a3b": 30 << 30}
+    assert plan2.kv_cache == {"qwen3.8-flash-next": 18 << 30}
+    # The two in-process engines share spark-1: the router treats them as box-mates.
+    assert one.boxes() == {"qwen3.6-35b-a3b": "spark-1", "qwen3.8-27b": "spark-1"}
+
+
+def test_the_three_models_never_share_one_box() -> None:
+    s = load_settings(CONFIG / "sim-dgx-spark.yaml")
+    one_box = {p.name for p in planner.placements(s.models, 1)}
+    assert one_box == {
+        "qwen3.6-35b-a3b",
+        "qwen3.8-27b",
+        "qwen3.8-flash-next",
+        "qwen3.8-27b + qwen3.6-35b-a3b",
+    }
+    two = {p.name for p in planner.placements(s.models, 2)}
+    assert "qwen3.8-27b + qwen3.6-35b-a3b | qwen3.8-flash-next" in two
+    assert not any("flash-next +" in n or "+ qwen3.8-flash-next" in n for n in two)

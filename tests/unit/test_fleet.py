@@ -1,0 +1,77 @@
+"""gateway/fleet.py: the simulated boxes in virtual time, with the gateway's own Router.
+
+Deterministic (virtual time, seeded arrivals): these check the mechanics, not performance
+(benchmarks/routing.py compares the strategies)."""
+
+from __future__ import annotations
+
+from engine_adapter.spark_box import MODELS
+from gateway.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
+from gateway.settings import LatencyProfile, RoutingSettings, SloClass
+
+A3B = LatencyProfile(
+    prefill_tokens_per_s=7575,
+    ttft_overhead_s=0.08,
+    prefill_s_per_ktoken2=0.0015,
+    tpot_s=0.00585,
+    tpot_per_sequence_s=0.00074,
+)
+DENSE = LatencyProfile(
+    prefill_tokens_per_s=3016,
+    ttft_overhead_s=0.08,
+    prefill_s_per_ktoken2=0.00378,
+    tpot_s=0.0127,
+    tpot_per_sequence_s=0.00245,
+)
+ROUTING = RoutingSettings(
+    enabled=True,
+    classes={
+        "interactive": SloClass(ttft_s=2.0, tpot_s=0.06),
+        "document": SloClass(ttft_s=60.0, tpot_s=0.06),
+        "batch": SloClass(deadline_s=300.0),
+    },
+)
+TWO_BOXES = Placement(
+    "two",
+    (
+        Deployed("dense", "Qwen3.8-27B", "box-1", 65.0, quality=34, latency=DENSE),
+        Deployed("moe", "Qwen3.6-35B-A3B", "box-2", 65.0, quality=25, latency=A3B),
+    ),
+)
+CHAT = RequestKind("chat", 1.0, (1_000, 2_000), 100, "interactive", shared_prefix=500)
+
+
+def test_arrivals_are_seeded_and_share_their_kind_s_prefix() -> None:
+    a, b = arrivals([CHAT], 1.0, 60, seed=3), arrivals([CHAT], 1.0, 60, seed=3)
+    assert [x.prompt for x in a] == [x.prompt for x in b] and 30 < len(a) < 90
+    assert all(x.prompt[:500] == a[0].prompt[:500] and 1_000 <= len(x.prompt) <= 2_000 for x in a)
+
+
+def test_every_offered_request_is_served_or_turned_away() -> None:
+    for strategy in ("router", "round-robin", "moe"):
+        s = simulate(TWO_BOXES, ROUTING, strategy, [CHAT], 0.5, 120, seed=1)
+        assert s.offered == s.completed + s.rejected
+        assert sum(s.by_model.values()) == s.offered - s.rejected
+    rr = simulate(TWO_BOXES, ROUTING, "round-robin", [CHAT], 0.5, 120, seed=1)
+    assert abs(rr.by_model["dense"] - rr.by_model["moe"]) <= 1
+
+
+def test_an_idle_fleet_routes_to_the_better_model_and_meets_the_slo() -> None:
+    s = simulate(TWO_BOXES, ROUTING, "router", [CHAT], 0.05, 300, seed=1)
+    assert s.by_model == {"dense": s.offered} and s.attainment == 1.0
+
+
+def test_a_document_arriving_on_a_busy_chat_engine_is_held_back() -> None:
+    solo = Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),))
+    fleet = Fleet(solo, ROUTING, "router")
+    doc = RequestKind("document", 1.0, (40_000, 40_000), 100, "document")
+    chat = Arrival("chat", 0.0, CHAT, tuple(range(1_000, 2_500)))
+    document = Arrival("doc", 0.5, doc, tuple(range(3_000, 43_000)))
+    fleet.run([chat, document])
+    out = fleet.outcomes
+    assert out["chat"].first is not None and out["doc"].first is not None
+    # The document's 15 s prefill would have stalled the chat's decode: it waited for the chat.
+    assert out["doc"].first > out["chat"].last  # type: ignore[operator]
+    chat_tpot = (out["chat"].last - out["chat"].first) / (out["chat"].tokens - 1)  # type: ignore[operator]
+    assert chat_tpot < 0.06
+    assert MODELS["Qwen3.8-27B"].kv_budget_gib == 65.0
