@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3, 0.35, 0.4, 0.5])
     ap.add_argument("--duration", type=float, default=600.0, help="simulated seconds of arrivals per load")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=3, help="runs per load (seeds seed, seed+1, ...), pooled")
     ap.add_argument("--plot", default=str(ROOT / "docs/routing-benchmark.svg"))
     args = ap.parse_args()
 
@@ -71,7 +72,8 @@ def main() -> int:
     )
     for name, cls in settings.routing.classes.items():
         print(f"  SLO {name}: " + ", ".join(f"{f} {v:g}" for f, v in cls.model_dump().items() if v is not None))
-    print(f"{args.duration:g} simulated s of arrivals per load, seed {args.seed}\n")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    print(f"{args.duration:g} simulated s of arrivals per load and seed, seeds {seeds} pooled\n")
 
     header = f"{'req/s':>6} {'strategy':<28} {'offered':>7} {'rejected':>8} {'attained':>9} {'goodput':>8}"
     header += f" {'TTFT p50':>9} {'p95':>7}  per kind (met/offered)"
@@ -80,7 +82,9 @@ def main() -> int:
     t0 = time.monotonic()
     for rate in args.rates:
         for label, pl, strategy in setups:
-            r = simulate(pl, settings.routing, strategy, WORKLOAD, rate, args.duration, seed=args.seed)
+            r = Summary.pool(
+                [simulate(pl, settings.routing, strategy, WORKLOAD, rate, args.duration, seed=s) for s in seeds]
+            )
             results[label].append(r)
             kinds = " ".join(f"{k} {m}/{o}" for k, (m, o) in r.by_kind.items())
             print(

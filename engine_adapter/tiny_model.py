@@ -265,7 +265,7 @@ DEFAULT_MODELS: dict[str, TinyModelSpec] = {
     "tiny-qwen3-deep": TinyModelSpec(
         architecture="qwen3",
         overrides=dict(
-            hidden_size=768, num_hidden_layers=8, intermediate_size=3072, num_attention_heads=8, head_dim=96
+            hidden_size=1024, num_hidden_layers=16, intermediate_size=4096, num_attention_heads=8, head_dim=128
         ),
     ),
 }

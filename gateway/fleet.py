@@ -125,6 +125,29 @@ class Summary:
         """Requests per second that met their SLO."""
         return self.met / self.duration_s
 
+    @staticmethod
+    def pool(runs: Sequence[Summary]) -> Summary:
+        """Several runs (seeds) of one strategy at one load as one: counts add up; the
+        TTFT quantiles are the runs' means."""
+        kinds = {k for r in runs for k in r.by_kind}
+        models = {m for r in runs for m in r.by_model}
+        return Summary(
+            strategy=runs[0].strategy,
+            rate=runs[0].rate,
+            offered=sum(r.offered for r in runs),
+            completed=sum(r.completed for r in runs),
+            rejected=sum(r.rejected for r in runs),
+            met=sum(r.met for r in runs),
+            duration_s=sum(r.duration_s for r in runs),
+            by_model={m: sum(r.by_model.get(m, 0) for r in runs) for m in sorted(models)},
+            by_kind={
+                k: (sum(r.by_kind.get(k, (0, 0))[0] for r in runs), sum(r.by_kind.get(k, (0, 0))[1] for r in runs))
+                for k in sorted(kinds)
+            },
+            ttft_p50=sum(r.ttft_p50 for r in runs) / len(runs),
+            ttft_p95=sum(r.ttft_p95 for r in runs) / len(runs),
+        )
+
 
 def arrivals(kinds: Sequence[RequestKind], rate: float, duration_s: float, seed: int = 0) -> list[Arrival]:
     """Poisson arrivals at `rate` per second for `duration_s`, kinds drawn by share."""

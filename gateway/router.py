@@ -6,12 +6,15 @@ online), the requests it sent there (queued for a slot, prefilling, decoding) an
 shadow of the engine's prefix cache (the prompt blocks recently sent). A prediction for
 a new request is then:
 
-    TTFT = wait for a running slot (policies.latency.slot_wait over the flights)
-         + the model's TTFT for the prompt's uncached tokens, behind the prefills under way
-    TPOT = the model's time per token at the concurrency it will join, at its context
+    TTFT = max(wait for a running slot, the prefills ahead) + its own prefill,
+           stretched where a busy engine on the same box overlaps it
+    TPOT = the model's time per token at the concurrency it will join, at its context,
+           stretched likewise, and by the share of time recent prompts spend prefilling
 
-Times come from each engine's own clock (`Engine.clock()`): a simulated engine runs
-faster than the wall clock, and its SLOs are in its seconds.
+and a check that its prefill would not push a running request past its TPOT objective
+(if it would, a request that can wait is held back until that one is done). See
+docs/routing.md. Times come from each engine's own clock (`Engine.clock()`): a simulated
+engine runs faster than the wall clock, and its SLOs are in its seconds.
 """
 
 from __future__ import annotations
@@ -211,6 +214,16 @@ class Lane:
         queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
         return self.prefill_s(self.prefill_backlog() + queued) + max(f.remaining_s(step) for f in self.flights)
 
+    def until_first_token(self, flight: Flight, now: float) -> float:
+        """Predicted seconds until `flight` has its first token (0 once it has)."""
+        if flight.first_at is not None:
+            return 0.0
+        own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
+        if flight.admitted_at is not None:  # prefilling since then
+            return max(0.0, own - (now - flight.admitted_at))
+        before = self.flights[: self.flights.index(flight)]
+        return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
+
     def prefill_after(self, flight: Flight) -> int:
         """Prompt tokens of the requests routed here after `flight` still to prefill."""
         later = self.flights[self.flights.index(flight) + 1 :]
@@ -243,8 +256,7 @@ class Lane:
             limit = f.tpot_objective * (f.output_tokens - 1)
             if decoded + remaining <= limit < decoded + remaining + delay:  # it tips this one over
                 hurt += 1
-                wait = 0.0 if f.admitted_at is not None else f.lane.prefill_s(f.prompt_tokens - f.cached_tokens)
-                clears = max(clears, wait + remaining)
+                clears = max(clears, f.lane.until_first_token(f, now) + remaining)
         if not hurt:
             return "", 0.0
         return f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective", clears

@@ -281,7 +281,7 @@ class RoutingSettings(_Model):
     allow_substitution: bool = False  # the default for keys that do not say
     # Plan against this share of each objective: predictions err, and a request that only
     # just fits its objective on paper misses it half the time.
-    headroom: float = Field(0.85, gt=0, le=1)
+    headroom: float = Field(0.9, gt=0, le=1)
 
     # Output tokens assumed for a request that does not set max_tokens.
     default_output_tokens: int = Field(512, ge=1)
