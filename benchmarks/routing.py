@@ -21,6 +21,7 @@ Goodput: requests per second that met their objective.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ SINGLE_BELOW = 0.80
 
 def solo(d: Deployed) -> Placement:
     """The model alone on a whole box: all of its KV budget."""
-    whole = Deployed(d.name, d.model, "solo", MODELS[d.model].kv_budget_gib, d.quality, d.latency)
+    whole = dataclasses.replace(d, box="solo", kv_gib=MODELS[d.model].kv_budget_gib)
     return Placement(f"{d.name} alone", (whole,))
 
 

@@ -40,6 +40,11 @@ from policies.quotas import Deny, DenyReason
 log = logging.getLogger(__name__)
 
 
+def _retry_after(seconds: float) -> str:
+    """A Retry-After value: whole seconds, rounded up, at least 1 (0 would mean "now")."""
+    return str(max(1, math.ceil(seconds)))
+
+
 class GatewayError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
@@ -124,10 +129,7 @@ class SloUnattainable(GatewayError):
         if retry_after_s is None:
             headers = {"x-should-retry": "false"}
         else:
-            headers = {
-                "Retry-After": str(max(1, math.ceil(retry_after_s))),
-                "retry-after-ms": str(round(retry_after_s * 1000)),
-            }
+            headers = {"Retry-After": _retry_after(retry_after_s), "retry-after-ms": str(round(retry_after_s * 1000))}
         super().__init__(message, headers=headers)
         self.retry_after_s = retry_after_s
 
@@ -159,7 +161,7 @@ class InternalError(GatewayError):
 def from_reject(reject: Reject, retry_after_s: float | None = None) -> GatewayError:
     """An admission decision "no" -> the error the client sees (status and code from the reason)."""
     reason = reject.reason
-    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else {}
+    headers = {"Retry-After": _retry_after(retry_after_s)} if retry_after_s is not None else {}
     cls: type[GatewayError]
     if reason.status == 429:
         cls = RateLimited
@@ -210,7 +212,7 @@ def from_quota_refusal(scope: str, d: Deny, cost: int) -> GatewayError:
         )
     headers = {"x-sparkgate-quota-limit": d.reason.label}
     if d.retry_after_ms > 0:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_s)))
+        headers["Retry-After"] = _retry_after(retry_s)
         headers["retry-after-ms"] = str(d.retry_after_ms)
     if not d.reason.retryable:
         headers["x-should-retry"] = "false"  # waiting a few seconds will not help

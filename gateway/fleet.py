@@ -16,6 +16,7 @@ contention, pessimistic for compute-bound prefill).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
@@ -44,6 +45,14 @@ class Deployed:
     kv_gib: float
     quality: float = 0.0
     latency: LatencyProfile = field(default_factory=LatencyProfile)
+
+    @staticmethod
+    def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
+        """A configured model on `box` with `kv_gib` of KV (default: its whole-box budget)."""
+        if m.simulated is None:
+            raise ValueError(f"{m.name}: planning needs the model's `simulated` section (its box-model key)")
+        kv = MODELS[m.simulated.model].kv_budget_gib if kv_gib is None else kv_gib
+        return Deployed(m.name, m.simulated.model, box, kv, m.quality, m.latency)
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,6 @@ class Outcome:
     last: float | None = None
     tokens: int = 0
     met: bool = False
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first is None else self.first - self.arrival
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,29 @@ def arrivals(kinds: Sequence[RequestKind], rate: float, duration_s: float, seed:
         out.append(Arrival(f"r{len(out)}", t, kind, prefixes[kind.name] + own))
         t += rng.expovariate(rate)
     return out
+
+
+class _Due:
+    """What happens next outside the engines, by time: an arrival to route (model None) or
+    a held request to send to its model. Ties go in the order they were pushed."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Arrival, str | None]] = []
+        self._seq = itertools.count()
+
+    def push(self, t: float, a: Arrival, model: str | None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), a, model))
+
+    def pop(self) -> tuple[float, Arrival, str | None]:
+        t, _, a, model = heapq.heappop(self._heap)
+        return t, a, model
+
+    @property
+    def next_at(self) -> float:
+        return self._heap[0][0]
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
 
 
 class _Clock:
@@ -236,7 +264,7 @@ class Fleet:
         self.router = Router(routing, served, boxes) if strategy == "router" else None
         self._rr = itertools.cycle([d.name for d in placement.models])
         self.outcomes: dict[str, Outcome] = {}
-        self._held: list[tuple[float, str, Arrival, str]] = []  # (release time, id, arrival, model)
+        self._due = _Due()  # arrivals, and held requests to send
 
     def _slo(self, name: str) -> Slo:
         return slo_of(name, self.routing.classes[name])  # the objective itself, no headroom
@@ -260,17 +288,8 @@ class Fleet:
         res = lane.sim.step()
         share = self._busy_on(lane.deployed.box)
         if share > 1:
-            end = res.start + res.duration * share
-            lane.sim.now = end
-            res = StepResult(
-                start=res.start,
-                end=end,
-                cost=res.cost,
-                events=res.events,
-                prefill_tokens=res.prefill_tokens,
-                decode_seqs=res.decode_seqs,
-                blocks_in_use=res.blocks_in_use,
-            )
+            res = dataclasses.replace(res, end=res.start + res.duration * share)
+            lane.sim.now = res.end
         lane.pending = res
 
     def _admit_new(self, lane: _Lane) -> None:
@@ -296,27 +315,18 @@ class Fleet:
                 del lane.flights[e.request_id]
 
     def run(self, load: Iterable[Arrival]) -> None:
-        queue = list(load)
-        i = 0
+        for a in load:
+            self._due.push(a.t, a, None)
         while True:
             pending = [(lane.pending.end, name) for name, lane in self.lanes.items() if lane.pending is not None]
             next_step = min(pending) if pending else None
-            next_at = min(
-                [
-                    t
-                    for t in (queue[i].t if i < len(queue) else None, self._held[0][0] if self._held else None)
-                    if t is not None
-                ],
-                default=None,
-            )
-            if next_at is not None and (next_step is None or next_at <= next_step[0]):
-                if i < len(queue) and queue[i].t == next_at:
-                    self._arrive(queue[i])
-                    i += 1
-                else:
-                    t, _, a, name = heapq.heappop(self._held)
-                    self.clock.now = t
-                    self._submit(a, name)
+            if self._due and (next_step is None or self._due.next_at <= next_step[0]):
+                t, a, held_on = self._due.pop()
+                self.clock.now = t
+                if held_on is None:
+                    self._arrive(a)
+                else:  # a held request's hold is over
+                    self._submit(a, held_on)
                 continue
             if next_step is None:
                 return
@@ -331,7 +341,6 @@ class Fleet:
                 self._admit_new(lane)
 
     def _arrive(self, a: Arrival) -> None:
-        self.clock.now = a.t
         o = Outcome(kind=a.kind.name, arrival=a.t)
         self.outcomes[a.id] = o
         name, info = self._pick(a)
@@ -343,7 +352,7 @@ class Fleet:
             flight = self.router.fly(name, a.prompt, a.kind.output_tokens, None, info.tpot_objective, info.hold_s)
             lane.flights[a.id] = flight
             if info.hold_s > 0:  # routing holds it back, as the gateway would
-                heapq.heappush(self._held, (flight.not_before, a.id, a, name))
+                self._due.push(flight.not_before, a, name)
                 return
         self._submit(a, name)
 
@@ -425,9 +434,5 @@ def placement_from_settings(placement: PlacementSettings, models: Sequence[Model
     out = []
     for box in placement.boxes:
         for name in box.models:
-            m = by_name[name]
-            if m.simulated is None:
-                raise ValueError(f"{name}: planning needs the model's `simulated` section (its box-model key)")
-            kv = box.kv_gib.get(name, MODELS[m.simulated.model].kv_budget_gib)
-            out.append(Deployed(name, m.simulated.model, box.name, kv, m.quality, m.latency))
+            out.append(Deployed.of(by_name[name], box.name, box.kv_gib.get(name)))
     return Placement(placement.name, tuple(out))

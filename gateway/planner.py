@@ -9,6 +9,7 @@ the target, and reports the highest load that met it, as requests/s and as users
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,9 +67,8 @@ def placements(models: Sequence[ModelSettings], boxes: int) -> list[Placement]:
                 fits = False
                 break
             for m in ms:
-                assert m.simulated is not None, f"{m.name}: planning needs its `simulated` section"
-                kv_m = min(kv, MODELS[m.simulated.model].kv_budget_gib)
-                deployed.append(Deployed(m.name, m.simulated.model, f"box-{i + 1}", kv_m, m.quality, m.latency))
+                whole = Deployed.of(m, f"box-{i + 1}")
+                deployed.append(dataclasses.replace(whole, kv_gib=min(kv, whole.kv_gib)))
         if fits:
             name = " | ".join(" + ".join(g) for g in groups)
             out.append(Placement(name, tuple(deployed)))

@@ -108,7 +108,7 @@ class Flight:
         self.lane.flights.remove(self)
         if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
             return
-        if self.decode_shared:
+        if self.decode_shared:  # not the model's own speed (see `decode_shared`)
             return
         tpot = (self.last_at - self.first_at) / (self.generated - 1)
         concurrency = max(1, round(self.concurrency_sum / self.chunks))
@@ -154,6 +154,12 @@ class Lane:
         while len(self.cache) > self.cache_blocks:
             self.cache.popitem(last=False)
 
+    def keys(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[Hashable, ...]:
+        """The prompt's prefix-cache keys on this engine (none when it caches no prefixes)."""
+        if not self.cache_blocks:
+            return ()
+        return kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
+
     def cached_tokens(self, keys: Sequence[Hashable]) -> int:
         n = 0
         for k in keys:
@@ -162,8 +168,7 @@ class Lane:
             n += 1
         return n * self.served.engine.kv_spec.block_size
 
-    def predict(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> Prediction:
-        keys = kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
+    def predict(self, prompt_ids: Sequence[int], output_tokens: int, keys: Sequence[Hashable]) -> Prediction:
         cached = self.cached_tokens(keys)
         running = [f for f in self.flights if f.admitted_at is not None]
         queued = [f for f in self.flights if f.admitted_at is None]
@@ -236,10 +241,9 @@ class Lane:
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
 
-    def harms(self, prompt_ids: Sequence[int], output_tokens: int, salt: str | None) -> tuple[str, float]:
+    def harms(self, prompt_ids: Sequence[int], output_tokens: int, keys: Sequence[Hashable]) -> tuple[str, float]:
         """Which running requests a new request would push past their TPOT objective: here,
         its prefill stalls their decodes; on a box-mate, its whole run slows them down."""
-        keys = kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
         stall = self.prefill_s(len(prompt_ids) - self.cached_tokens(keys))
         whole = stall + output_tokens * self.step_s(self.running() + 1, len(prompt_ids))
         now = self.clock()
@@ -336,12 +340,16 @@ class Router:
     ) -> tuple[str, RouteInfo]:
         """The model to serve this request, or SloUnattainable (before it queues anywhere)."""
         slo_name, slo = self.slo_for(principal, slo_header)
-        predictions = {n: self.lanes[n].predict(prompt_ids, output_tokens, salt) for n in names}
+        predictions: dict[str, Prediction] = {}
         candidates = []
         for n in names:
-            harms, clears = self.lanes[n].harms(prompt_ids, output_tokens, salt)
-            healthy = self.lanes[n].served.engine.is_healthy
-            candidates.append(Candidate(n, predictions[n], healthy, harms=harms, harm_clears_s=clears))
+            lane = self.lanes[n]
+            keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
+            predictions[n] = lane.predict(prompt_ids, output_tokens, keys)
+            harms, clears = lane.harms(prompt_ids, output_tokens, keys)
+            candidates.append(
+                Candidate(n, predictions[n], lane.served.engine.is_healthy, harms=harms, harm_clears_s=clears)
+            )
         if self.is_alias(requested):
             decision = choose(requested, candidates, slo, output_tokens, aliases=dict(self.settings.aliases))
         else:  # names[0] is the requested model; more names only where the key may substitute
@@ -393,9 +401,9 @@ class Router:
         hold_s: float = 0.0,
     ) -> Flight:
         lane = self.lanes[model]
-        keys = kv.prefix_keys(prompt_ids, lane.served.engine.kv_spec.block_size, salt) if lane.cache_blocks else ()
-        lane.prefills.append((lane.clock(), lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
+        keys = lane.keys(prompt_ids, salt)
         now = lane.clock()
+        lane.prefills.append((now, lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
         flight = Flight(
             lane,
             len(prompt_ids),

@@ -282,7 +282,6 @@ class RoutingSettings(_Model):
     # Plan against this share of each objective: predictions err, and a request that only
     # just fits its objective on paper misses it half the time.
     headroom: float = Field(0.9, gt=0, le=1)
-
     # Output tokens assumed for a request that does not set max_tokens.
     default_output_tokens: int = Field(512, ge=1)
     window: int = Field(32, ge=1)  # observations in each latency correction's median
