@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import random
@@ -38,17 +37,10 @@ from engine_adapter.base import (
     KVSpec,
     TokenLogprob,
 )
+from engine_adapter.hf_tokenizer import load_tokenizer
 from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, BoxSpec, RequestEvent, SimConfig
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_tokenizer(path: str) -> Any:
-    """Load a local tokenizer once per process: it takes seconds, and engines only read it."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +98,7 @@ class SimulatedEngine:
 
     async def start(self) -> None:
         c = self.config
-        self._tokenizer = await asyncio.to_thread(_load_tokenizer, c.tokenizer)
+        self._tokenizer = await asyncio.to_thread(load_tokenizer, c.tokenizer)
         self._vocab = self._ordinary_ids(self._tokenizer)
         sim_config = SimConfig(
             max_num_seqs=c.max_num_seqs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -29,9 +30,12 @@ EngineFactory = Callable[[Settings, ModelSettings], Engine]
 
 
 def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
-    """The engine a model's settings ask for: vLLM in this process, or the simulated box."""
+    """The engine a model's settings ask for: vLLM in this process, the simulated box, or
+    an engine on another box."""
     if model.engine == "simulated":
         return simulated_engine(settings, model)
+    if model.engine == "remote":
+        return remote_engine(settings, model)
     from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
 
     path = str(settings.model_path(model))
@@ -75,6 +79,24 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             max_num_batched_tokens=model.max_num_batched_tokens or 4096,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,
+        )
+    )
+
+
+def remote_engine(settings: Settings, model: ModelSettings) -> Engine:
+    from engine_adapter.remote import RemoteEngine, RemoteEngineConfig
+
+    assert model.remote is not None  # settings validation guarantees it
+    r = model.remote
+    return RemoteEngine(
+        RemoteEngineConfig(
+            name=model.name,
+            address=r.address,
+            token=os.environ.get(r.token_env, ""),  # `serve` refuses to start without it
+            tokenizer=str(settings.model_path(model)),
+            share=r.share,
+            poll_interval_s=r.poll_interval_s,
+            connect_timeout_s=r.connect_timeout_s,
         )
     )
 

@@ -1,13 +1,18 @@
-"""`sparkgate serve | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
+"""`sparkgate serve | engine-host | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="sparkgate: OpenAI-compatible gateway over in-process vLLM."
@@ -16,16 +21,11 @@ app = typer.Typer(
 DEFAULT_CONFIG = "config/default.yaml"
 
 
-@app.command()
-def serve(
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file")] = Path(DEFAULT_CONFIG),
-    host: Annotated[str | None, typer.Option(help="Override server.host")] = None,
-    port: Annotated[int | None, typer.Option(help="Override server.port")] = None,
-) -> None:
-    """Start the engines and serve the OpenAI API."""
-    import uvicorn
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file")]
 
-    from gateway import runtime_env
+
+def _settings_to_serve(config: Path) -> Settings:
+    """The config, validated, its model directories and secrets present, its memory plan applied."""
     from gateway.settings import load_settings
     from policies.memory_plan import PlanDoesNotFit
 
@@ -42,6 +42,9 @@ def serve(
             err=True,
         )
         raise typer.Exit(2)
+    if missing := settings.missing_secrets():
+        typer.echo("sparkgate: cannot serve:\n  " + "\n  ".join(missing), err=True)
+        raise typer.Exit(2)
     plan = settings.memory_plan()
     if isinstance(plan, PlanDoesNotFit):
         typer.echo(f"sparkgate: cannot serve: {plan.message}", err=True)
@@ -49,19 +52,70 @@ def serve(
     if plan is not None:
         settings = settings.with_kv_plan(plan)
         typer.echo("sparkgate: memory plan\n" + "\n".join(plan.lines), err=True)
+    return settings
+
+
+def _run(settings: Settings, app_factory: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
+    import uvicorn
+
+    from gateway import runtime_env
+
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gateway.app import create_app
-
     uvicorn.run(
-        create_app(settings),
+        app_factory(settings),
         host=server.host,
         port=server.port,
         log_level=server.log_level,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(server.keep_alive_s),
     )
+
+
+@app.command()
+def serve(
+    config: ConfigOpt = Path(DEFAULT_CONFIG),
+    host: Annotated[str | None, typer.Option(help="Override server.host")] = None,
+    port: Annotated[int | None, typer.Option(help="Override server.port")] = None,
+) -> None:
+    """Start the engines and serve the OpenAI API."""
+    settings = _settings_to_serve(config)
+
+    def factory(s: Settings) -> Any:
+        from gateway.app import create_app
+
+        return create_app(s)
+
+    _run(settings, factory, host, port)
+
+
+@app.command("engine-host")
+def engine_host(
+    config: ConfigOpt,
+    host: Annotated[str | None, typer.Option(help="Override server.host")] = None,
+    port: Annotated[int | None, typer.Option(help="Override server.port")] = None,
+    token_env: Annotated[str, typer.Option(help="Environment variable with the token gateways present")] = (
+        "SPARKGATE_ENGINE_TOKEN"
+    ),
+) -> None:
+    """Serve this box's engines to gateways on other boxes (no OpenAI API here)."""
+    token = os.environ.get(token_env, "")
+    if not token:
+        typer.echo(f"sparkgate: cannot host engines: ${token_env} is not set (the gateways' shared token)", err=True)
+        raise typer.Exit(2)
+    settings = _settings_to_serve(config)
+    remote = [m.name for m in settings.models if m.engine == "remote"]
+    if remote:
+        typer.echo(f"sparkgate: cannot host engines: {', '.join(remote)} are remote here", err=True)
+        raise typer.Exit(2)
+
+    def factory(s: Settings) -> Any:
+        from gateway.engine_host import create_host_app
+
+        return create_host_app(s, token)
+
+    _run(settings, factory, host, port)
 
 
 @app.command("prepare-models")

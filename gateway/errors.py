@@ -8,6 +8,7 @@
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
      +-- RouteNotFound                  404   invalid_request_error   not_found
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
+     +-- ShareUnavailable               409   invalid_request_error   engine_share_unavailable
      +-- RateLimited                    429   requests | tokens       rate_limit_exceeded
      |                                      insufficient_quota      insufficient_quota
      +-- SloUnattainable                429   server_overloaded       slo_unattainable
@@ -109,6 +110,15 @@ class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"
     default_code = "method_not_allowed"
+
+
+class ShareUnavailable(GatewayError):
+    """An engine host cannot grant a gateway the share of its engine it asked for:
+    other gateways' live claims hold the rest (see gateway/engine_host.py)."""
+
+    status = 409
+    type = "invalid_request_error"
+    default_code = "engine_share_unavailable"
 
 
 class RateLimited(GatewayError):

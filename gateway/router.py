@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.auth import Principal
-from gateway.errors import InvalidRequest, SloUnattainable
+from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
 from gateway.registry import ServedModel
 from gateway.settings import RoutingSettings, SloClass
 from policies import kv
@@ -349,6 +349,12 @@ class Router:
             harms, clears = lane.harms(prompt_ids, output_tokens, keys)
             candidates.append(
                 Candidate(n, predictions[n], lane.served.engine.is_healthy, harms=harms, harm_clears_s=clears)
+            )
+        if not any(c.available for c in candidates):
+            # Down is not slow: a 503 the client retries, not an SLO verdict.
+            down = ", ".join(names)
+            raise EngineUnavailableError(
+                f"No engine that can serve '{requested}' is available now ({down}).", headers={"Retry-After": "5"}
             )
         if self.is_alias(requested):
             decision = choose(requested, candidates, slo, output_tokens, aliases=dict(self.settings.aliases))

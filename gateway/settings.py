@@ -7,6 +7,7 @@ Environment variables override YAML: `SPARKGATE_SERVER__PORT=9000`,
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -200,13 +201,25 @@ class SimulatedSettings(_Model):
     speedup: float = Field(1.0, gt=0)  # simulated seconds per wall-clock second
 
 
+class RemoteSettings(_Model):
+    """An engine on another box, served by `sparkgate engine-host` there (engine: remote)."""
+
+    address: str  # the host's base URL, e.g. http://spark-2:8001
+    token_env: str = "SPARKGATE_ENGINE_TOKEN"  # the environment variable holding the host's token
+    share: float = Field(1.0, gt=0, le=1)  # of the engine's KV pool and slots (replicas split it)
+    poll_interval_s: float = Field(0.5, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+
+
 class ModelSettings(_Model):
     """One served model: where it lives and how its engine runs."""
 
     name: str
     path: str
     aliases: tuple[str, ...] = ()
-    engine: Literal["vllm", "simulated"] = "vllm"
+    # vllm: in this process; simulated: the DGX Spark box model; remote: on another box
+    # (`path` is then a local copy of the model's tokenizer).
+    engine: Literal["vllm", "simulated", "remote"] = "vllm"
     tokenizer: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int = Field(4096, ge=16)
@@ -240,6 +253,7 @@ class ModelSettings(_Model):
     quality: float = 0.0  # higher is better: aliases that route prefer it when it meets the SLO
     # A simulated engine (engine: simulated): the DGX Spark box model's model and time scale.
     simulated: SimulatedSettings | None = None
+    remote: RemoteSettings | None = None
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
@@ -331,7 +345,6 @@ class BoxPlacement(_Model):
     name: str
     models: tuple[str, ...]
     kv_gib: dict[str, float] = Field(default_factory=dict)  # unset: the model's whole-box budget
-    address: str | None = None  # where the box is reached from the gateway (None: this process)
 
 
 class PlacementSettings(_Model):
@@ -393,12 +406,14 @@ class Settings(BaseSettings):
         for m in self.models:
             if m.engine == "simulated" and m.simulated is None:
                 raise ValueError(f"model {m.name!r}: engine 'simulated' needs a 'simulated' section")
+            if m.engine == "remote" and m.remote is None:
+                raise ValueError(f"model {m.name!r}: engine 'remote' needs a 'remote' section (the host's address)")
         teams = {t.name for t in self.quotas.teams}
         for k in self.auth.keys:
             if k.team is not None and k.team not in teams:
                 raise ValueError(f"auth.keys[{k.name}]: team {k.team!r} is not in quotas.teams")
         if self.box is not None:
-            unknown = [m.name for m in self.models if m.weights_bytes is None]
+            unknown = [m.name for m in self.local_models() if m.weights_bytes is None]
             if unknown:
                 raise ValueError(f"box: the memory plan needs weights_bytes for {', '.join(unknown)}")
         return self
@@ -424,21 +439,38 @@ class Settings(BaseSettings):
                     kv_cache=m.kv_cache_bytes,
                     kv_share=m.kv_share,
                 )
-                for m in self.models
+                for m in self.local_models()
             ],
         )
 
+    def local_models(self) -> tuple[ModelSettings, ...]:
+        """The models whose engine uses this box's memory (not those on another box)."""
+        return tuple(m for m in self.models if m.engine != "remote")
+
     def with_kv_plan(self, plan: MemoryPlan) -> Settings:
-        """These settings with each model's KV bytes taken from the plan."""
-        models = tuple(m.model_copy(update={"kv_cache_bytes": plan.kv_cache[m.name]}) for m in self.models)
+        """These settings with each local model's KV bytes taken from the plan."""
+        models = tuple(
+            m.model_copy(update={"kv_cache_bytes": plan.kv_cache[m.name]}) if m.name in plan.kv_cache else m
+            for m in self.models
+        )
         return self.model_copy(update={"models": models})
 
     def missing_model_dirs(self) -> list[str]:
-        """Models whose directory has no config.json, as readable lines."""
+        """Models whose directory lacks what this process loads, as readable lines: a whole
+        model (config.json) here, only the tokenizer for a model on another box."""
+        lines = []
+        for m in self.models:
+            needed = "tokenizer_config.json" if m.engine == "remote" else "config.json"
+            if not (self.model_path(m) / needed).is_file():
+                lines.append(f"model {m.name!r}: {self.model_path(m)} has no {needed}")
+        return lines
+
+    def missing_secrets(self) -> list[str]:
+        """Remote engines whose token variable is unset, as readable lines."""
         return [
-            f"model {m.name!r}: {self.model_path(m)} has no config.json"
+            f"model {m.name!r}: ${m.remote.token_env} (the engine host's token) is not set"
             for m in self.models
-            if not (self.model_path(m) / "config.json").is_file()
+            if m.remote is not None and m.engine == "remote" and not os.environ.get(m.remote.token_env)
         ]
 
     def model_path(self, model: ModelSettings) -> Path:

@@ -116,12 +116,21 @@ def open_post(server: Server, path: str, payload: dict, key: str = API_KEY) -> s
 
 
 @contextlib.contextmanager
-def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
-    """Run `sparkgate serve` on a config until the block exits; fail fast with its log."""
+def launch(
+    config: Path,
+    log_path: Path,
+    port: int,
+    command: str = "serve",
+    health: str = "/health",
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """Run `sparkgate serve` (or another serving command) on a config until the block
+    exits; fail fast with its log."""
     log = log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "gateway.cli", command, "--config", str(config)],
         cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
         stdout=log,
         stderr=subprocess.STDOUT,
         # Its own process group (killpg below), but the same session: on this kernel a busy
@@ -134,7 +143,7 @@ def launch(config: Path, log_path: Path, port: int) -> Iterator[Server]:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{base}{health}", timeout=2).status_code == 200:
                 break
         except httpx.HTTPError:
             pass

@@ -27,7 +27,12 @@ def test_real_deployment_two_boxes() -> None:
     assert plan1.kv_cache == {"qwen3.8-27b": 30 << 30, "qwen3.6-35b-a3b": 30 << 30}
     assert plan2.kv_cache == {"qwen3.8-flash-next": 18 << 30}
     # The two in-process engines share spark-1: the router treats them as box-mates.
-    assert one.boxes() == {"qwen3.6-35b-a3b": "spark-1", "qwen3.8-27b": "spark-1"}
+    # Flash-Next is spark-1's gateway's too, reached on spark-2's engine host.
+    assert one.boxes() == {"qwen3.6-35b-a3b": "spark-1", "qwen3.8-27b": "spark-1", "qwen3.8-flash-next": "spark-2"}
+    remote = {m.name: m.remote for m in one.models if m.engine == "remote"}
+    assert list(remote) == ["qwen3.8-flash-next"] and remote["qwen3.8-flash-next"] is not None
+    assert remote["qwen3.8-flash-next"].address == f"http://spark-2:{two.server.port}"
+    assert [m.name for m in two.models] == ["qwen3.8-flash-next"] and two.models[0].engine == "vllm"
 
 
 def test_the_three_models_never_share_one_box() -> None:

@@ -84,3 +84,30 @@ def test_quota_teams_are_checked() -> None:
     base = KeyLimits(rpm=10, tpm=100, priority="batch")
     assert KeyLimits(tpm=5).over(base) == KeyLimits(rpm=10, tpm=5, priority="batch")
     assert KeyLimits().over(base) is base
+
+
+def test_a_remote_model_needs_its_host_a_tokenizer_and_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.settings import BoxSettings, RemoteSettings
+
+    with pytest.raises(ValidationError, match="engine 'remote' needs a 'remote' section"):
+        Settings(models=(ModelSettings(name="a", path="x", engine="remote"),))
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    remote = ModelSettings(
+        name="far", path="tok", engine="remote", remote=RemoteSettings(address="http://spark-2:8001", token_env="T")
+    )
+    local = ModelSettings(name="near", path="tok", weights_bytes=1 << 30)
+    s = Settings(models=(local, remote), base_dir=str(tmp_path), box=BoxSettings(memory="8GiB", reserved="1GiB"))
+    # Only the tokenizer is needed here for the remote model; the local one needs its weights.
+    assert s.missing_model_dirs() == [f"model 'near': {tmp_path / 'tok'} has no config.json"]
+    monkeypatch.delenv("T", raising=False)
+    assert s.missing_secrets() == ["model 'far': $T (the engine host's token) is not set"]
+    monkeypatch.setenv("T", "secret")
+    assert s.missing_secrets() == []
+    # The remote model's memory is the other box's: this box's plan gives all KV to the local one.
+    from policies.memory_plan import MemoryPlan
+
+    plan = s.memory_plan()
+    assert isinstance(plan, MemoryPlan) and list(plan.kv_cache) == ["near"]
+    planned = s.with_kv_plan(plan)
+    assert planned.models[1].kv_cache_bytes is None and planned.models[0].kv_cache_bytes == plan.kv_cache["near"]

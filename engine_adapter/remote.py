@@ -1,0 +1,265 @@
+"""An engine on another box, reached through its `sparkgate engine-host`.
+
+To the gateway it is an engine like the in-process one: it takes token ids and
+streams chunks, and it reports the KV spec that admission counts against. That
+spec is the share of the remote pool this gateway claimed (policies/shares.py),
+so several gateways reaching one engine cannot over-commit it together. Stats
+are polled in the background (the poll also renews the claim); the model's
+tokenizer is loaded locally, and checked against the host's before serving,
+because token ids cross the wire.
+
+Closing a stream closes its connection, which aborts the request on the host;
+an explicit abort goes too, so the blocks free without waiting for the host to
+notice the closed socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pydantic
+
+from engine_adapter.base import (
+    EngineChunk,
+    EngineRequest,
+    EngineRequestInvalid,
+    EngineStats,
+    EngineUnavailable,
+    KVSpec,
+)
+from engine_adapter.hf_tokenizer import fingerprint, load_tokenizer
+from engine_adapter.wire import PROTOCOL, Claim, EngineInfo, GenerateFrame, StatsFrame, StreamFrame
+
+log = logging.getLogger(__name__)
+
+_NO_STATS = EngineStats(
+    running=0,
+    waiting=0,
+    kv_cache_usage=0.0,
+    unfinished=0,
+    preemptions=0,
+    generation_tokens=0,
+    prefix_cache_queries=0,
+    prefix_cache_hits=0,
+    steps=0,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteEngineConfig:
+    name: str  # the model's name on the host
+    address: str  # the host's base URL, e.g. http://spark-2:8001
+    token: str  # shared with the host
+    tokenizer: str  # a local directory with the model's tokenizer
+    share: float = 1.0  # of the host's KV pool and slots, for this gateway
+    poll_interval_s: float = 0.5
+    connect_timeout_s: float = 5.0
+    # A first token can take a minute on a long prompt; a stalled host is caught by the poll.
+    read_timeout_s: float = 600.0
+    gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200] or response.reason_phrase
+
+
+class RemoteEngine:
+    """One model on another box, claimed by this gateway for a share of its engine."""
+
+    def __init__(self, config: RemoteEngineConfig) -> None:
+        self.name = config.name
+        self.config = config
+        self._client: httpx.AsyncClient | None = None
+        self._info: EngineInfo | None = None
+        self._tokenizer: Any = None
+        self._stats = _NO_STATS
+        self._healthy = False
+        self._poller: asyncio.Task[None] | None = None
+        self._live: set[str] = set()  # requests streaming from the host now
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        c = self.config
+        self._client = httpx.AsyncClient(
+            base_url=c.address.rstrip("/") + f"/engine/v1/{c.name}",
+            headers={"Authorization": f"Bearer {c.token}", "X-Sparkgate-Gateway": c.gateway_id},
+            timeout=httpx.Timeout(c.connect_timeout_s, read=c.read_timeout_s),
+        )
+        self._tokenizer = await asyncio.to_thread(load_tokenizer, c.tokenizer)
+        info = await self._claim()
+        if info.protocol != PROTOCOL:
+            raise EngineUnavailable(f"engine host {c.address} speaks protocol {info.protocol}, this gateway {PROTOCOL}")
+        local = await asyncio.to_thread(fingerprint, self._tokenizer)
+        if info.tokenizer_fingerprint != local:
+            raise EngineUnavailable(
+                f"engine {c.name} on {c.address}: its tokenizer differs from {c.tokenizer} here "
+                f"({info.tokenizer_fingerprint} != {local}); token counts and ids would be wrong"
+            )
+        self._poller = asyncio.create_task(self._poll(), name=f"poll-{c.name}")
+        spec = info.kv_spec
+        log.info(
+            "engine %s on %s: claimed %.3g: %d of %d blocks x %d tokens, %d slots",
+            c.name,
+            c.address,
+            c.share,
+            spec.usable_blocks,
+            info.pool_blocks,
+            spec.block_size,
+            spec.max_num_seqs,
+        )
+
+    async def _claim(self) -> EngineInfo:
+        c = self.config
+        body = Claim(gateway=c.gateway_id, share=c.share).model_dump_json()
+        try:
+            r = await self._http.post("/claim", content=body, headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"engine host {c.address} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise EngineUnavailable(f"engine host {c.address} refused the claim on {c.name}: {_message(r)}")
+        info = EngineInfo.model_validate_json(r.content)
+        if self._info is not None and info.kv_spec != self._info.kv_spec:
+            # Admission was sized from the first grant; a different one means the host restarted
+            # with other settings. Serving on would count against blocks that are not there.
+            raise EngineUnavailable(f"engine {c.name} on {c.address} came back with another KV pool")
+        self._info = info
+        self._healthy = info.healthy
+        return info
+
+    async def _poll(self) -> None:
+        """Stats and the claim's renewal; a lapsed claim is made again (the host may have restarted)."""
+        c = self.config
+        while True:
+            await asyncio.sleep(c.poll_interval_s)
+            try:
+                r = await self._http.get("/stats", params={"gateway": c.gateway_id})
+                if r.status_code == 409:
+                    await self._claim()
+                    continue
+                if r.status_code != 200:
+                    raise EngineUnavailable(f"stats: HTTP {r.status_code}: {_message(r)}")
+                frame = StatsFrame.model_validate_json(r.content)
+                self._stats, self._healthy = frame.stats, frame.healthy
+            except (httpx.HTTPError, EngineUnavailable, pydantic.ValidationError) as e:
+                if self._healthy:
+                    log.warning("engine %s on %s unavailable: %s", c.name, c.address, e)
+                self._healthy = False
+
+    async def shutdown(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self._client is not None:
+            client, self._client = self._client, None
+            with contextlib.suppress(httpx.HTTPError):
+                await client.delete("/claim", params={"gateway": self.config.gateway_id}, timeout=2.0)
+            await client.aclose()
+
+    # -- facts ---------------------------------------------------------------
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineUnavailable(f"engine {self.name} is not started")
+        return self._client
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        if self._info is None:
+            raise EngineUnavailable(f"engine {self.name} is not started")
+        return self._info.kv_spec
+
+    @property
+    def max_model_len(self) -> int:
+        return self.kv_spec.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise EngineUnavailable(f"engine {self.name} is not started")
+        return self._tokenizer
+
+    def clock(self) -> float:
+        # The gateway's clock: latency as clients see it includes the hop to the other box.
+        return time.monotonic()
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._client is not None and self._healthy
+
+    def stats(self) -> EngineStats:
+        """The host engine's numbers as of the last poll (all gateways' requests), with
+        this gateway's own streams as `unfinished`."""
+        s = self._stats
+        return EngineStats(
+            running=s.running,
+            waiting=s.waiting,
+            kv_cache_usage=s.kv_cache_usage,
+            unfinished=len(self._live),
+            preemptions=s.preemptions,
+            generation_tokens=s.generation_tokens,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            steps=s.steps,
+        )
+
+    # -- requests -----------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        c = self.config
+        if not self.is_healthy:
+            raise EngineUnavailable(f"engine {c.name} on {c.address} is not available")
+        body = GenerateFrame(request=request).model_dump_json()
+        finished = False
+        self._live.add(request.request_id)
+        try:
+            async with self._http.stream(
+                "POST", "/generate", content=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    if r.status_code == 400:
+                        raise EngineRequestInvalid(_message(r))
+                    raise EngineUnavailable(f"engine {c.name} on {c.address}: HTTP {r.status_code}: {_message(r)}")
+                async for line in r.aiter_lines():
+                    if not line:
+                        continue
+                    frame = StreamFrame.model_validate_json(line)
+                    if frame.error == "invalid":
+                        raise EngineRequestInvalid(frame.message)
+                    if frame.error is not None or frame.chunk is None:
+                        raise EngineUnavailable(f"engine {c.name} on {c.address}: {frame.message}")
+                    finished = frame.chunk.finished
+                    yield frame.chunk
+                    if finished:
+                        return
+            raise EngineUnavailable(f"engine {c.name} on {c.address} ended the stream before the request finished")
+        except httpx.HTTPError as e:
+            raise EngineUnavailable(f"engine {c.name} on {c.address} failed mid-request: {e!r}") from e
+        except pydantic.ValidationError as e:
+            raise EngineUnavailable(f"engine {c.name} on {c.address} sent a malformed frame: {e}") from e
+        finally:
+            self._live.discard(request.request_id)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.abort(request.request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if self._client is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(f"/abort/{request_id}", params={"gateway": self.config.gateway_id}, timeout=2.0)

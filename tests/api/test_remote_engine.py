@@ -1,0 +1,231 @@
+"""A gateway whose model runs on another box: `sparkgate engine-host` serves a real tiny
+vLLM CPU engine, and a `sparkgate serve` reaches it as `engine: remote`, with the real
+openai SDK as the client. The gateway claims half of the engine; admission counts
+against that half."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.conftest import MODELS, ROOT, Server, free_port, launch
+
+TOKEN = "engine-host-test-token"
+KEY = "sk-remote-test"
+MODEL = "tiny-remote"
+SHARE = 0.5
+MESSAGES = [{"role": "user", "content": "Say something about boxes."}]
+
+
+def write(path: str, cfg: dict) -> str:  # type: ignore[type-arg]
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("engine-host")
+    port = free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "cache_dir": str(ROOT / ".cache")},
+        "models": [
+            {
+                "name": MODEL,
+                "path": str(MODELS / "tiny-qwen3"),
+                "max_model_len": 4096,
+                "max_num_seqs": 4,
+                "kv_cache_bytes": "32MiB",
+                "cpu_cores": "0",
+            }
+        ],
+    }
+    write(str(tmp / "host.yaml"), cfg)
+    env = {"SPARKGATE_ENGINE_TOKEN": TOKEN}
+    with launch(tmp / "host.yaml", tmp / "host.log", port, "engine-host", "/engine/v1/health", env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(host: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from gateway.settings import hash_key
+
+    tmp = tmp_path_factory.mktemp("remote-gateway")
+    port = free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "cache_dir": str(ROOT / ".cache")},
+        "auth": {"required": True, "keys": [{"name": "tester", "sha256": hash_key(KEY)}]},
+        "routing": {"enabled": True, "classes": {"interactive": {"ttft_s": 30.0}}, "default_class": "interactive"},
+        "models": [
+            {
+                "name": MODEL,
+                "engine": "remote",
+                "path": str(MODELS / "tiny-qwen3"),  # only its tokenizer is read here
+                "remote": {"address": host.base_url, "share": SHARE, "poll_interval_s": 0.2},
+            }
+        ],
+    }
+    write(str(tmp / "gateway.yaml"), cfg)
+    with launch(tmp / "gateway.yaml", tmp / "gateway.log", port, env={"SPARKGATE_ENGINE_TOKEN": TOKEN}) as server:
+        yield server
+
+
+def host_call(
+    host: Server, method: str, path: str, token: str = TOKEN, headers: dict[str, str] | None = None, **kw: object
+) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}", **(headers or {})}
+    return httpx.request(method, f"{host.base_url}/engine/v1{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+def observe(host: Server) -> dict:  # type: ignore[type-arg]
+    """The host engine's stats, through a small claim of its own (the stats call renews it)."""
+    r = host_call(host, "GET", f"/{MODEL}/stats", params={"gateway": "observer"})
+    if r.status_code == 409:
+        claim = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "observer", "share": 0.25})
+        assert claim.status_code == 200, claim.text
+        r = host_call(host, "GET", f"/{MODEL}/stats", params={"gateway": "observer"})
+    assert r.status_code == 200, r.text
+    return r.json()["stats"]  # type: ignore[no-any-return]
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=KEY, max_retries=0)
+
+
+def stats(server: Server) -> dict:  # type: ignore[type-arg]
+    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_chat_is_served_by_the_engine_on_the_other_box(gateway: Server, host: Server) -> None:
+    before = observe(host)["generation_tokens"]
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model="auto",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=12,
+        extra_body={"ignore_eos": True},
+    )
+    done = raw.parse()
+    assert raw.headers["x-sparkgate-model"] == MODEL
+    assert done.usage is not None and done.usage.completion_tokens == 12
+    assert done.choices[0].finish_reason == "length" and done.choices[0].message.content
+    deadline = time.monotonic() + 10  # the host's stat logger runs once per engine step
+    while observe(host)["generation_tokens"] - before < 12 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert observe(host)["generation_tokens"] - before >= 12
+
+
+def test_streaming_and_the_prefix_cache_cross_the_wire(gateway: Server) -> None:
+    long = [{"role": "user", "content": "Boxes and their contents. " * 40}]
+    for _ in range(2):
+        chunks = list(
+            client(gateway).chat.completions.create(
+                model=MODEL,
+                messages=long,  # type: ignore[arg-type]
+                max_tokens=4,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 4
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    details = usage.prompt_tokens_details
+    # The second request found the first one's whole blocks in the remote engine's prefix cache.
+    block = stats(gateway)["engines"][MODEL]["kv"]["block_size"]
+    whole_blocks = (usage.prompt_tokens - 1) // block * block  # vLLM recomputes at least the last token
+    assert details is not None and details.cached_tokens == whole_blocks > 0
+
+
+def test_admission_counts_against_the_claimed_share(gateway: Server, host: Server) -> None:
+    info = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "probe", "share": 0.25})
+    assert info.status_code == 200, info.text
+    pool = info.json()["pool_blocks"]
+    kv = stats(gateway)["engines"][MODEL]["kv"]
+    assert kv["num_blocks"] - 1 == int(pool * SHARE)  # what admission hands out: half the pool
+    assert stats(gateway)["engines"][MODEL]["admission"]["capacity_blocks"] == int(pool * SHARE)
+    assert kv["max_num_seqs"] == 2  # half of the host's 4 slots
+    # The gateway's half and the observer's quarter leave a quarter: more is refused.
+    # (observe() may hold its quarter; release it so the arithmetic is this test's.)
+    host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "observer"})
+    over = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "greedy", "share": 0.3})
+    assert over.status_code == 409
+    assert over.json()["error"]["code"] == "engine_share_unavailable"
+    assert "hold 0.75" in over.json()["error"]["message"]
+    assert host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "probe"}).status_code == 200
+    assert host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "greedy", "share": 0.3}).status_code == 200
+    host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "greedy"})
+
+
+def test_the_host_wants_its_token(host: Server) -> None:
+    r = host_call(host, "POST", f"/{MODEL}/claim", token="wrong", json={"gateway": "x", "share": 0.1})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = host_call(host, "POST", "/no-such-model/claim", json={"gateway": "x", "share": 0.1})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # A generate without a live claim is refused: it would not be counted by anyone.
+    frame = {
+        "request": {
+            "request_id": "r1",
+            "prompt_token_ids": [1, 2, 3],
+            "sampling": {"max_tokens": 2},
+        }
+    }
+    r = host_call(host, "POST", f"/{MODEL}/generate", json=frame, headers={"X-Sparkgate-Gateway": "nobody"})
+    assert r.status_code == 409
+
+
+def test_a_client_that_hangs_up_frees_the_remote_engine(gateway: Server, host: Server) -> None:
+    stream = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=3000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got >= 3:
+            break
+    assert observe(host)["running"] >= 1 or observe(host)["unfinished"] >= 1
+    stream.close()
+    deadline = time.monotonic() + 20
+    while observe(host)["unfinished"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = observe(host)
+    assert after["unfinished"] == 0, after
+    assert stats(gateway)["engines"][MODEL]["admission"]["used_blocks"] == 0
+
+
+def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gateway: Server, host: Server) -> None:
+    host.proc.kill()  # last in this module: the fixture's host is gone for good
+    host.proc.wait()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{gateway.base_url}/health").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    health = httpx.get(f"{gateway.base_url}/health")
+    assert health.status_code == 503 and health.json()["models"][MODEL] == "unavailable"
+    with pytest.raises(openai.APIStatusError) as e:
+        client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+    assert e.value.status_code == 503
+    assert e.value.body["code"] == "engine_unavailable"  # type: ignore[index]
+    assert e.value.response.headers["retry-after"] == "5"
+    # The gateway itself stays up and says why.
+    assert "tiny-remote" in e.value.message
+
+    # The host comes back (same config and port): the gateway's poll claims its share again.
+    tmp = host.log_path.parent
+    port = int(host.base_url.rsplit(":", 1)[1])
+    env = {"SPARKGATE_ENGINE_TOKEN": TOKEN}
+    with launch(tmp / "host.yaml", tmp / "host-again.log", port, "engine-host", "/engine/v1/health", env):
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{gateway.base_url}/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+        assert done.usage is not None and done.usage.completion_tokens >= 1
