@@ -58,8 +58,16 @@ def main() -> int:
     settings = load_settings(args.config)
     assert settings.placement is not None, "the config needs a placement"
     placement = placement_from_settings(settings.placement, settings.models)
-    setups = [("router", placement, "router"), ("round-robin", placement, "round-robin")]
-    setups += [(f"{d.name} alone", solo(d), d.name) for d in placement.models]
+    routing = settings.routing
+    # The same router with `auto` taking the best model for every class (no class prefers fast).
+    all_best = routing.model_copy(
+        update={"classes": {n: c.model_copy(update={"prefer": "best"}) for n, c in routing.classes.items()}}
+    )
+    setups = [("router", placement, "router", routing)]
+    if all_best != routing:
+        setups.append(("router, best for every class", placement, "router", all_best))
+    setups.append(("round-robin", placement, "round-robin", routing))
+    setups += [(f"{d.name} alone", solo(d), d.name, routing) for d in placement.models]
     print(
         f"placement {placement.name}: "
         + "; ".join(f"{d.name} on {d.box} ({d.kv_gib:g} GiB KV)" for d in placement.models)
@@ -72,20 +80,19 @@ def main() -> int:
         )
     )
     for name, cls in settings.routing.classes.items():
-        print(f"  SLO {name}: " + ", ".join(f"{f} {v:g}" for f, v in cls.model_dump().items() if v is not None))
+        fields = ", ".join(f"{f} {v:g}" for f, v in cls.model_dump(exclude={"prefer"}).items() if v is not None)
+        print(f"  SLO {name}: {fields}, auto prefers {cls.prefer}")
     seeds = list(range(args.seed, args.seed + args.seeds))
     print(f"{args.duration:g} simulated s of arrivals per load and seed, seeds {seeds} pooled\n")
 
     header = f"{'req/s':>6} {'strategy':<28} {'offered':>7} {'rejected':>8} {'attained':>9} {'goodput':>8}"
     header += f" {'TTFT p50':>9} {'p95':>7}  per kind (met/offered)"
     print(header)
-    results: dict[str, list[Summary]] = {label: [] for label, _, _ in setups}
+    results: dict[str, list[Summary]] = {label: [] for label, *_ in setups}
     t0 = time.monotonic()
     for rate in args.rates:
-        for label, pl, strategy in setups:
-            r = Summary.pool(
-                [simulate(pl, settings.routing, strategy, WORKLOAD, rate, args.duration, seed=s) for s in seeds]
-            )
+        for label, pl, strategy, rs in setups:
+            r = Summary.pool([simulate(pl, rs, strategy, WORKLOAD, rate, args.duration, seed=s) for s in seeds])
             results[label].append(r)
             kinds = " ".join(f"{k} {m}/{o}" for k, (m, o) in r.by_kind.items())
             print(

@@ -357,7 +357,10 @@ class Router:
                 f"No engine that can serve '{requested}' is available now ({down}).", headers={"Retry-After": "5"}
             )
         if self.is_alias(requested):
-            decision = choose(requested, candidates, slo, output_tokens, aliases=dict(self.settings.aliases))
+            strategy = self.settings.aliases[requested]
+            if strategy == "class":
+                strategy = self.settings.classes[slo_name].prefer
+            decision = choose(requested, candidates, slo, output_tokens, aliases={requested: strategy})
         else:  # names[0] is the requested model; more names only where the key may substitute
             decision = choose(names[0], candidates, slo, output_tokens, aliases={}, allow_substitution=len(names) > 1)
         if isinstance(decision, NoRoute):

@@ -265,16 +265,23 @@ class ModelSettings(_Model):
         return (self.name, *self.aliases)
 
 
+RouteStrategy = Literal["best", "fast"]
+AliasStrategy = Literal["best", "fast", "class"]  # "class": the request's SLO class decides
+
+
 class SloClass(_Model):
     """A latency objective: time to first token and per output token, or a whole-response deadline."""
 
     ttft_s: float | None = Field(None, gt=0)
     tpot_s: float | None = Field(None, gt=0)
     deadline_s: float | None = Field(None, gt=0)
+    # What `auto` means for this class: "best" (the highest quality that meets it) or "fast"
+    # (the soonest done). Long lenient work on the slow models holds a box for tens of
+    # seconds that interactive requests then miss: see docs/routing.md.
+    prefer: RouteStrategy = "best"
 
 
-RouteStrategy = Literal["best", "fast"]
-DEFAULT_ALIASES: dict[str, RouteStrategy] = {"auto": "best", "best": "best", "fast": "fast"}
+DEFAULT_ALIASES: dict[str, AliasStrategy] = {"auto": "class", "best": "best", "fast": "fast"}
 
 
 class RoutingSettings(_Model):
@@ -290,8 +297,8 @@ class RoutingSettings(_Model):
     default_class: str = "interactive"
     header: str = "X-Sparkgate-SLO"  # a request picks its class with this header
     # Model names that route, and how: "best" (highest quality meeting the SLO, degrading to
-    # faster ones) or "fast" (the quickest predicted).
-    aliases: dict[str, RouteStrategy] = Field(default_factory=lambda: dict(DEFAULT_ALIASES))
+    # faster ones), "fast" (the quickest predicted) or "class" (the SLO class's `prefer`).
+    aliases: dict[str, AliasStrategy] = Field(default_factory=lambda: dict(DEFAULT_ALIASES))
     allow_substitution: bool = False  # the default for keys that do not say
     # Plan against this share of each objective: predictions err, and a request that only
     # just fits its objective on paper misses it half the time.
