@@ -92,6 +92,8 @@ class RemoteEngine:
 
     async def start(self) -> None:
         c = self.config
+        # httpx logs every request at INFO: one line per stats poll would drown the gateway's log.
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._client = httpx.AsyncClient(
             base_url=c.address.rstrip("/") + f"/engine/v1/{c.name}",
             headers={"Authorization": f"Bearer {c.token}", "X-Sparkgate-Gateway": c.gateway_id},

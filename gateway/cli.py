@@ -55,7 +55,13 @@ def _settings_to_serve(config: Path) -> Settings:
     return settings
 
 
-def _run(settings: Settings, app_factory: Callable[[Settings], Any], host: str | None, port: int | None) -> None:
+def _run(
+    settings: Settings,
+    app_factory: Callable[[Settings], Any],
+    host: str | None,
+    port: int | None,
+    access_log: bool = True,
+) -> None:
     import uvicorn
 
     from gateway import runtime_env
@@ -70,6 +76,7 @@ def _run(settings: Settings, app_factory: Callable[[Settings], Any], host: str |
         log_level=server.log_level,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(server.keep_alive_s),
+        access_log=access_log,
     )
 
 
@@ -115,7 +122,8 @@ def engine_host(
 
         return create_host_app(s, token)
 
-    _run(settings, factory, host, port)
+    # No access log: every gateway polls stats several times a second.
+    _run(settings, factory, host, port, access_log=False)
 
 
 @app.command("prepare-models")
