@@ -165,6 +165,19 @@ class EngineStats:
     steps: int  # scheduler stat updates received
 
 
+IDLE_STATS = EngineStats(
+    running=0,
+    waiting=0,
+    kv_cache_usage=0.0,
+    unfinished=0,
+    preemptions=0,
+    generation_tokens=0,
+    prefix_cache_queries=0,
+    prefix_cache_hits=0,
+    steps=0,
+)
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A model served in this process (or reached through it)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -28,6 +29,7 @@ import httpx
 import pydantic
 
 from engine_adapter.base import (
+    IDLE_STATS,
     EngineChunk,
     EngineRequest,
     EngineRequestInvalid,
@@ -39,18 +41,6 @@ from engine_adapter.hf_tokenizer import fingerprint, load_tokenizer
 from engine_adapter.wire import PROTOCOL, Claim, EngineInfo, GenerateFrame, StatsFrame, StreamFrame
 
 log = logging.getLogger(__name__)
-
-_NO_STATS = EngineStats(
-    running=0,
-    waiting=0,
-    kv_cache_usage=0.0,
-    unfinished=0,
-    preemptions=0,
-    generation_tokens=0,
-    prefix_cache_queries=0,
-    prefix_cache_hits=0,
-    steps=0,
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +73,7 @@ class RemoteEngine:
         self._client: httpx.AsyncClient | None = None
         self._info: EngineInfo | None = None
         self._tokenizer: Any = None
-        self._stats = _NO_STATS
+        self._stats = IDLE_STATS
         self._healthy = False
         self._poller: asyncio.Task[None] | None = None
         self._live: set[str] = set()  # requests streaming from the host now
@@ -206,18 +196,7 @@ class RemoteEngine:
     def stats(self) -> EngineStats:
         """The host engine's numbers as of the last poll (all gateways' requests), with
         this gateway's own streams as `unfinished`."""
-        s = self._stats
-        return EngineStats(
-            running=s.running,
-            waiting=s.waiting,
-            kv_cache_usage=s.kv_cache_usage,
-            unfinished=len(self._live),
-            preemptions=s.preemptions,
-            generation_tokens=s.generation_tokens,
-            prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits,
-            steps=s.steps,
-        )
+        return dataclasses.replace(self._stats, unfinished=len(self._live))
 
     # -- requests -----------------------------------------------------------
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapter.base import (
+    IDLE_STATS,
     ChoiceDelta,
     EngineChunk,
     EngineRequest,
@@ -174,17 +175,7 @@ class SimulatedEngine:
     def stats(self) -> EngineStats:
         sim = self._sim
         if sim is None:
-            return EngineStats(
-                running=0,
-                waiting=0,
-                kv_cache_usage=0.0,
-                unfinished=0,
-                preemptions=0,
-                generation_tokens=0,
-                prefix_cache_queries=0,
-                prefix_cache_hits=0,
-                steps=0,
-            )
+            return IDLE_STATS
         return EngineStats(
             running=sim.num_running,
             waiting=sim.num_waiting,

@@ -99,11 +99,11 @@ async def claim(model: str, body: Claim, state: Host) -> EngineInfo:
     hosted = state.hosted(model)
     engine = hosted.engine
     spec = shares.share_spec(engine.kv_spec, body.share)
+    if isinstance(spec, shares.Refused):
+        raise ShareUnavailable(f"Engine {model}: {spec.message}.")
     granted = shares.grant(hosted.claims, body.gateway, body.share, time.monotonic(), state.claim_ttl_s)
-    for outcome in (spec, granted):
-        if isinstance(outcome, shares.Refused):
-            raise ShareUnavailable(f"Engine {model}: {outcome.message}.")
-    assert not isinstance(spec, shares.Refused) and not isinstance(granted, shares.Refused)
+    if isinstance(granted, shares.Refused):
+        raise ShareUnavailable(f"Engine {model}: {granted.message}.")
     hosted.claims = granted
     log.info("gateway %s claims %.3g of %s: %d blocks, %d slots", body.gateway, body.share, model,
              spec.usable_blocks, spec.max_num_seqs)  # fmt: skip
