@@ -52,8 +52,9 @@ class RemoteEngineConfig:
     share: float = 1.0  # of the host's KV pool and slots, for this gateway
     poll_interval_s: float = 0.5
     connect_timeout_s: float = 5.0
-    # A first token can take a minute on a long prompt; a stalled host is caught by the poll.
-    read_timeout_s: float = 600.0
+    # The host sends an empty line every second while a stream is quiet (a long prefill):
+    # silence this long means the host or the network stalled.
+    read_timeout_s: float = 10.0
     gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 

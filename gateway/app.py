@@ -97,6 +97,7 @@ def remote_engine(settings: Settings, model: ModelSettings) -> Engine:
             share=r.share,
             poll_interval_s=r.poll_interval_s,
             connect_timeout_s=r.connect_timeout_s,
+            read_timeout_s=r.read_timeout_s,
         )
     )
 

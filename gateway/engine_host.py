@@ -21,6 +21,8 @@ gateways (the host is not for clients).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -45,6 +47,7 @@ from policies import shares
 log = logging.getLogger(__name__)
 
 CLAIM_TTL_S = 10.0  # a gateway polls stats every ~0.5 s; a dead one's share frees after this
+HEARTBEAT_S = 1.0  # an empty line on a quiet stream: gateways time out a host silent for longer
 
 
 @dataclasses.dataclass
@@ -59,6 +62,7 @@ class HostState:
     engines: dict[str, HostedEngine]
     token: str
     claim_ttl_s: float = CLAIM_TTL_S
+    heartbeat_s: float = HEARTBEAT_S
 
     def hosted(self, model: str) -> HostedEngine:
         try:
@@ -152,15 +156,39 @@ async def generate(
         raise EngineUnavailableError(f"Engine {model} is not available on this host.")
 
     async def frames() -> AsyncIterator[bytes]:
-        # When the gateway's connection closes, Starlette closes this generator, and
-        # closing the engine's iterator aborts the request: its KV frees at once.
+        # The engine's output is pumped through a queue so that an empty line can go out
+        # whenever it is quiet (a long prefill): the gateway then tells a slow prompt from a
+        # host that stalled. When the gateway's connection closes, Starlette closes this
+        # generator; cancelling the pump closes the engine's iterator, which aborts the
+        # request, so its KV frees at once.
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for chunk in hosted.engine.generate(request):
+                    await queue.put(chunk_line(chunk))
+            except EngineRequestInvalid as e:
+                await queue.put(error_line("invalid", str(e)))
+            except EngineError as e:
+                await queue.put(error_line("unavailable", str(e)))
+            await queue.put(None)
+
+        task = asyncio.create_task(pump())
         try:
-            async for chunk in hosted.engine.generate(request):
-                yield chunk_line(chunk)
-        except EngineRequestInvalid as e:
-            yield error_line("invalid", str(e))
-        except EngineError as e:
-            yield error_line("unavailable", str(e))
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), state.heartbeat_s)
+                except TimeoutError:
+                    yield b"\n"
+                    continue
+                if line is None:
+                    return
+                yield line
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     return StreamingResponse(frames(), media_type="application/x-ndjson")
 

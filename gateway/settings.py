@@ -209,6 +209,8 @@ class RemoteSettings(_Model):
     share: float = Field(1.0, gt=0, le=1)  # of the engine's KV pool and slots (replicas split it)
     poll_interval_s: float = Field(0.5, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
+    # Silence this long on a stream (the host sends a heartbeat every second) cuts it: 503.
+    read_timeout_s: float = Field(10.0, gt=1)
 
 
 class ModelSettings(_Model):

@@ -5,6 +5,8 @@ against that half."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -18,6 +20,7 @@ from tests.conftest import MODELS, ROOT, Server, free_port, launch
 TOKEN = "engine-host-test-token"
 KEY = "sk-remote-test"
 MODEL = "tiny-remote"
+SIM = "sim-27b"  # a simulated engine on the host, in real time
 SHARE = 0.5
 MESSAGES = [{"role": "user", "content": "Say something about boxes."}]
 
@@ -42,7 +45,17 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 "max_num_seqs": 4,
                 "kv_cache_bytes": "32MiB",
                 "cpu_cores": "0",
-            }
+            },
+            # The DGX Spark box model in real time: a long prompt keeps the stream quiet for
+            # seconds, as a real long prefill does.
+            {
+                "name": SIM,
+                "engine": "simulated",
+                "path": str(MODELS / "tiny-qwen3"),
+                "simulated": {"model": "Qwen3.8-27B", "speedup": 1.0},
+                "max_model_len": 65536,
+                "kv_cache_bytes": "4GiB",
+            },
         ],
     }
     write(str(tmp / "host.yaml"), cfg)
@@ -66,8 +79,14 @@ def gateway(host: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 "name": MODEL,
                 "engine": "remote",
                 "path": str(MODELS / "tiny-qwen3"),  # only its tokenizer is read here
-                "remote": {"address": host.base_url, "share": SHARE, "poll_interval_s": 0.2},
-            }
+                "remote": {"address": host.base_url, "share": SHARE, "poll_interval_s": 0.2, "read_timeout_s": 4},
+            },
+            {
+                "name": SIM,
+                "engine": "remote",
+                "path": str(MODELS / "tiny-qwen3"),
+                "remote": {"address": host.base_url, "read_timeout_s": 4},
+            },
         ],
     }
     write(str(tmp / "gateway.yaml"), cfg)
@@ -200,6 +219,55 @@ def test_a_client_that_hangs_up_frees_the_remote_engine(gateway: Server, host: S
         time.sleep(0.2)
     after = observe(host)
     assert after["unfinished"] == 0, after
+    assert stats(gateway)["engines"][MODEL]["admission"]["used_blocks"] == 0
+
+
+def test_a_long_prefill_is_not_a_stall(gateway: Server) -> None:
+    """A first token that takes longer than the gateway's 4 s read timeout: the host's
+    heartbeat keeps the quiet stream alive."""
+    prompt = "Boxes, crates and cartons of every size. " * 2500  # ~22K tokens: ~8 s on the 27B
+    t0 = time.monotonic()
+    done = client(gateway).chat.completions.create(
+        model=SIM,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=2,
+    )
+    waited = time.monotonic() - t0
+    assert done.usage is not None and done.usage.completion_tokens == 2 and done.usage.prompt_tokens > 20_000
+    assert waited > 5, waited  # longer than the read timeout: only the heartbeat kept it open
+
+
+def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Server) -> None:
+    stream = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=3000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    got = 0
+    os.kill(host.proc.pid, signal.SIGSTOP)  # the host freezes: no bytes, no close
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                got += bool(chunk.choices and chunk.choices[0].delta.content)
+        cut_after = time.monotonic() - t0
+        assert "failed mid-request" in str(err.value.message) or "engine" in str(err.value.message)
+        assert cut_after < 15, cut_after  # the 4 s read timeout, not a hang
+        assert httpx.get(f"{gateway.base_url}/health").status_code == 503
+    finally:
+        os.kill(host.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while httpx.get(f"{gateway.base_url}/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+    assert done.usage is not None and done.usage.completion_tokens >= 1
+    # The cut request was aborted on the host once it woke up: nothing left running there.
+    deadline = time.monotonic() + 20
+    while observe(host)["unfinished"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert observe(host)["unfinished"] == 0
     assert stats(gateway)["engines"][MODEL]["admission"]["used_blocks"] == 0
 
 
