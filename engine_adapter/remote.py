@@ -87,7 +87,12 @@ class RemoteEngine:
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._client = httpx.AsyncClient(
             base_url=c.address.rstrip("/") + f"/engine/v1/{c.name}",
-            headers={"Authorization": f"Bearer {c.token}", "X-Sparkgate-Gateway": c.gateway_id},
+            # Every call names this gateway: the host keys claims and request ids by it.
+            headers={
+                "Authorization": f"Bearer {c.token}",
+                "X-Sparkgate-Gateway": c.gateway_id,
+                "Content-Type": "application/json",
+            },
             timeout=httpx.Timeout(c.connect_timeout_s, read=c.read_timeout_s),
         )
         self._tokenizer = await asyncio.to_thread(load_tokenizer, c.tokenizer)
@@ -115,9 +120,8 @@ class RemoteEngine:
 
     async def _claim(self) -> EngineInfo:
         c = self.config
-        body = Claim(gateway=c.gateway_id, share=c.share).model_dump_json()
         try:
-            r = await self._http.post("/claim", content=body, headers={"Content-Type": "application/json"})
+            r = await self._http.post("/claim", content=Claim(share=c.share).model_dump_json())
         except httpx.HTTPError as e:
             raise EngineUnavailable(f"engine host {c.address} unreachable: {e!r}") from e
         if r.status_code != 200:
@@ -137,7 +141,7 @@ class RemoteEngine:
         while True:
             await asyncio.sleep(c.poll_interval_s)
             try:
-                r = await self._http.get("/stats", params={"gateway": c.gateway_id})
+                r = await self._http.get("/stats")
                 if r.status_code == 409:
                     await self._claim()
                     continue
@@ -159,7 +163,7 @@ class RemoteEngine:
         if self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(httpx.HTTPError):
-                await client.delete("/claim", params={"gateway": self.config.gateway_id}, timeout=2.0)
+                await client.delete("/claim", timeout=2.0)
             await client.aclose()
 
     # -- facts ---------------------------------------------------------------
@@ -209,9 +213,7 @@ class RemoteEngine:
         finished = False
         self._live.add(request.request_id)
         try:
-            async with self._http.stream(
-                "POST", "/generate", content=body, headers={"Content-Type": "application/json"}
-            ) as r:
+            async with self._http.stream("POST", "/generate", content=body) as r:
                 if r.status_code != 200:
                     await r.aread()
                     if r.status_code == 400:
@@ -244,4 +246,4 @@ class RemoteEngine:
         if self._client is None:
             return
         with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(f"/abort/{request_id}", params={"gateway": self.config.gateway_id}, timeout=2.0)
+            await self._client.post(f"/abort/{request_id}", timeout=2.0)

@@ -35,10 +35,10 @@ class EngineInfo(_Frame):
 
 
 class Claim(_Frame):
-    """A gateway's claim on a share of a remote engine's KV pool and slots, renewed
-    by its stats polls: two gateways can never admit more than the engine has."""
+    """A gateway's claim (the gateway named by its X-Sparkgate-Gateway header) on a share
+    of a remote engine's KV pool and slots, renewed by its stats polls: two gateways can
+    never admit more than the engine has."""
 
-    gateway: str  # a per-process id
     share: float  # 0 < share <= 1
 
 

@@ -9,14 +9,15 @@ engine (`policies/shares.py`) and admits against that share only: the engine
 is never over-committed, however many gateways reach it.
 
     POST /engine/v1/{model}/claim             Claim -> EngineInfo (409 when it does not fit)
-    DELETE /engine/v1/{model}/claim?gateway=ID  frees the share at once (else its lease lapses)
-    GET  /engine/v1/{model}/stats?gateway=ID  renews the claim -> StatsFrame
+    DELETE /engine/v1/{model}/claim           frees the share at once (else its lease lapses)
+    GET  /engine/v1/{model}/stats             renews the claim -> StatsFrame
     POST /engine/v1/{model}/generate          GenerateFrame -> NDJSON StreamFrames
     POST /engine/v1/{model}/abort/{id}        (also done when the stream's connection closes)
     GET  /engine/v1/health                   (no token: for liveness probes)
 
 Every other call needs `Authorization: Bearer <token>`, the token shared with the
-gateways (the host is not for clients).
+gateways (the host is not for clients), and `X-Sparkgate-Gateway: <id>`, the calling
+gateway's per-process id.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def _authorized(request: Request, authorization: Annotated[str | None, Header()]
 
 
 Host = Annotated[HostState, Depends(_authorized)]
+# The calling gateway, on every call but /health: claims, renewals and request ids are its.
+Gateway = Annotated[str, Header(alias="X-Sparkgate-Gateway", min_length=1)]
 router = APIRouter(prefix="/engine/v1")
 
 
@@ -99,17 +102,17 @@ async def health(request: Request) -> JSONResponse:
 
 
 @router.post("/{model}/claim")
-async def claim(model: str, body: Claim, state: Host) -> EngineInfo:
+async def claim(model: str, body: Claim, state: Host, gateway: Gateway) -> EngineInfo:
     hosted = state.hosted(model)
     engine = hosted.engine
     spec = shares.share_spec(engine.kv_spec, body.share)
     if isinstance(spec, shares.Refused):
         raise ShareUnavailable(f"Engine {model}: {spec.message}.")
-    granted = shares.grant(hosted.claims, body.gateway, body.share, time.monotonic(), state.claim_ttl_s)
+    granted = shares.grant(hosted.claims, gateway, body.share, time.monotonic(), state.claim_ttl_s)
     if isinstance(granted, shares.Refused):
         raise ShareUnavailable(f"Engine {model}: {granted.message}.")
     hosted.claims = granted
-    log.info("gateway %s claims %.3g of %s: %d blocks, %d slots", body.gateway, body.share, model,
+    log.info("gateway %s claims %.3g of %s: %d blocks, %d slots", gateway, body.share, model,
              spec.usable_blocks, spec.max_num_seqs)  # fmt: skip
     return EngineInfo(
         name=model,
@@ -121,14 +124,14 @@ async def claim(model: str, body: Claim, state: Host) -> EngineInfo:
 
 
 @router.delete("/{model}/claim")
-async def release(model: str, gateway: str, state: Host) -> dict[str, bool]:
+async def release(model: str, state: Host, gateway: Gateway) -> dict[str, bool]:
     hosted = state.hosted(model)
     hosted.claims = shares.release(hosted.claims, gateway, time.monotonic())
     return {"released": True}
 
 
 @router.get("/{model}/stats")
-async def stats(model: str, gateway: str, state: Host) -> StatsFrame:
+async def stats(model: str, state: Host, gateway: Gateway) -> StatsFrame:
     hosted = state.hosted(model)
     renewed = shares.renew(hosted.claims, gateway, time.monotonic(), state.claim_ttl_s)
     if isinstance(renewed, shares.Refused):
@@ -143,15 +146,11 @@ def _engine_request_id(gateway: str, request_id: str) -> str:
 
 
 @router.post("/{model}/generate")
-async def generate(
-    model: str, body: GenerateFrame, state: Host, x_sparkgate_gateway: Annotated[str, Header()]
-) -> StreamingResponse:
+async def generate(model: str, body: GenerateFrame, state: Host, gateway: Gateway) -> StreamingResponse:
     hosted = state.hosted(model)
-    if x_sparkgate_gateway not in shares.live(hosted.claims, time.monotonic()):
-        raise ShareUnavailable(f"Engine {model}: gateway {x_sparkgate_gateway} holds no live claim; claim it first.")
-    request = dataclasses.replace(
-        body.request, request_id=_engine_request_id(x_sparkgate_gateway, body.request.request_id)
-    )
+    if gateway not in shares.live(hosted.claims, time.monotonic()):
+        raise ShareUnavailable(f"Engine {model}: gateway {gateway} holds no live claim; claim it first.")
+    request = dataclasses.replace(body.request, request_id=_engine_request_id(gateway, body.request.request_id))
     if not hosted.engine.is_healthy:
         raise EngineUnavailableError(f"Engine {model} is not available on this host.")
 
@@ -194,7 +193,7 @@ async def generate(
 
 
 @router.post("/{model}/abort/{request_id}")
-async def abort(model: str, request_id: str, gateway: str, state: Host) -> dict[str, bool]:
+async def abort(model: str, request_id: str, state: Host, gateway: Gateway) -> dict[str, bool]:
     await state.hosted(model).engine.abort(_engine_request_id(gateway, request_id))
     return {"aborted": True}
 

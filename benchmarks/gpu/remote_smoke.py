@@ -135,13 +135,16 @@ def checks(host: str, gateway: str) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY, max_retries=0)
 
+    def as_gateway(gateway: str) -> dict[str, str]:
+        return {**auth, "X-Sparkgate-Gateway": gateway}
+
     def observe() -> dict[str, Any]:
-        r = httpx.get(f"{host}/engine/v1/{DENSE}/stats", params={"gateway": "observer"}, headers=auth, timeout=10)
+        r = httpx.get(f"{host}/engine/v1/{DENSE}/stats", headers=as_gateway("observer"), timeout=10)
         if r.status_code == 409:
             httpx.post(
-                f"{host}/engine/v1/{DENSE}/claim", json={"gateway": "observer", "share": 0.125}, headers=auth
+                f"{host}/engine/v1/{DENSE}/claim", json={"share": 0.125}, headers=as_gateway("observer")
             ).raise_for_status()
-            r = httpx.get(f"{host}/engine/v1/{DENSE}/stats", params={"gateway": "observer"}, headers=auth)
+            r = httpx.get(f"{host}/engine/v1/{DENSE}/stats", headers=as_gateway("observer"))
         r.raise_for_status()
         return r.json()["stats"]  # type: ignore[no-any-return]
 
@@ -177,11 +180,11 @@ def checks(host: str, gateway: str) -> dict[str, Any]:
     def share() -> dict[str, Any]:
         stats = httpx.get(f"{gateway}/sparkgate/stats", headers={"Authorization": f"Bearer {API_KEY}"}).json()
         kv = stats["engines"][DENSE]["kv"]
-        probe = httpx.post(f"{host}/engine/v1/{DENSE}/claim", json={"gateway": "probe", "share": 0.125}, headers=auth)
+        probe = httpx.post(f"{host}/engine/v1/{DENSE}/claim", json={"share": 0.125}, headers=as_gateway("probe"))
         probe.raise_for_status()
         pool = probe.json()["pool_blocks"]
-        greedy = httpx.post(f"{host}/engine/v1/{DENSE}/claim", json={"gateway": "greedy", "share": 0.5}, headers=auth)
-        httpx.delete(f"{host}/engine/v1/{DENSE}/claim", params={"gateway": "probe"}, headers=auth)
+        greedy = httpx.post(f"{host}/engine/v1/{DENSE}/claim", json={"share": 0.5}, headers=as_gateway("greedy"))
+        httpx.delete(f"{host}/engine/v1/{DENSE}/claim", headers=as_gateway("probe"))
         assert kv["num_blocks"] - 1 == int(pool * SHARE), (kv["num_blocks"], pool)
         assert greedy.status_code == 409, greedy.text
         return {"pool_blocks": pool, "gateway_blocks": kv["num_blocks"] - 1, "block_size": kv["block_size"],

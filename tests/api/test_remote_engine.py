@@ -95,20 +95,19 @@ def gateway(host: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield server
 
 
-def host_call(
-    host: Server, method: str, path: str, token: str = TOKEN, headers: dict[str, str] | None = None, **kw: object
-) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token}", **(headers or {})}
+def host_call(host: Server, method: str, path: str, gateway: str, token: str = TOKEN, **kw: object) -> httpx.Response:
+    """A call to the engine host as gateway `gateway`."""
+    headers = {"Authorization": f"Bearer {token}", "X-Sparkgate-Gateway": gateway}
     return httpx.request(method, f"{host.base_url}/engine/v1{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
 
 
 def observe(host: Server) -> dict:  # type: ignore[type-arg]
     """The host engine's stats, through a small claim of its own (the stats call renews it)."""
-    r = host_call(host, "GET", f"/{MODEL}/stats", params={"gateway": "observer"})
+    r = host_call(host, "GET", f"/{MODEL}/stats", "observer")
     if r.status_code == 409:
-        claim = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "observer", "share": 0.25})
+        claim = host_call(host, "POST", f"/{MODEL}/claim", "observer", json={"share": 0.25})
         assert claim.status_code == 200, claim.text
-        r = host_call(host, "GET", f"/{MODEL}/stats", params={"gateway": "observer"})
+        r = host_call(host, "GET", f"/{MODEL}/stats", "observer")
     assert r.status_code == 200, r.text
     return r.json()["stats"]  # type: ignore[no-any-return]
 
@@ -164,7 +163,7 @@ def test_streaming_and_the_prefix_cache_cross_the_wire(gateway: Server) -> None:
 
 
 def test_admission_counts_against_the_claimed_share(gateway: Server, host: Server) -> None:
-    info = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "probe", "share": 0.25})
+    info = host_call(host, "POST", f"/{MODEL}/claim", "probe", json={"share": 0.25})
     assert info.status_code == 200, info.text
     pool = info.json()["pool_blocks"]
     kv = stats(gateway)["engines"][MODEL]["kv"]
@@ -173,20 +172,20 @@ def test_admission_counts_against_the_claimed_share(gateway: Server, host: Serve
     assert kv["max_num_seqs"] == 2  # half of the host's 4 slots
     # The gateway's half and the observer's quarter leave a quarter: more is refused.
     # (observe() may hold its quarter; release it so the arithmetic is this test's.)
-    host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "observer"})
-    over = host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "greedy", "share": 0.3})
+    host_call(host, "DELETE", f"/{MODEL}/claim", "observer")
+    over = host_call(host, "POST", f"/{MODEL}/claim", "greedy", json={"share": 0.3})
     assert over.status_code == 409
     assert over.json()["error"]["code"] == "engine_share_unavailable"
     assert "hold 0.75" in over.json()["error"]["message"]
-    assert host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "probe"}).status_code == 200
-    assert host_call(host, "POST", f"/{MODEL}/claim", json={"gateway": "greedy", "share": 0.3}).status_code == 200
-    host_call(host, "DELETE", f"/{MODEL}/claim", params={"gateway": "greedy"})
+    assert host_call(host, "DELETE", f"/{MODEL}/claim", "probe").status_code == 200
+    assert host_call(host, "POST", f"/{MODEL}/claim", "greedy", json={"share": 0.3}).status_code == 200
+    host_call(host, "DELETE", f"/{MODEL}/claim", "greedy")
 
 
 def test_the_host_wants_its_token(host: Server) -> None:
-    r = host_call(host, "POST", f"/{MODEL}/claim", token="wrong", json={"gateway": "x", "share": 0.1})
+    r = host_call(host, "POST", f"/{MODEL}/claim", "x", token="wrong", json={"share": 0.1})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    r = host_call(host, "POST", "/no-such-model/claim", json={"gateway": "x", "share": 0.1})
+    r = host_call(host, "POST", "/no-such-model/claim", "x", json={"share": 0.1})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     # A generate without a live claim is refused: it would not be counted by anyone.
     frame = {
@@ -196,7 +195,7 @@ def test_the_host_wants_its_token(host: Server) -> None:
             "sampling": {"max_tokens": 2},
         }
     }
-    r = host_call(host, "POST", f"/{MODEL}/generate", json=frame, headers={"X-Sparkgate-Gateway": "nobody"})
+    r = host_call(host, "POST", f"/{MODEL}/generate", "nobody", json=frame)
     assert r.status_code == 409
 
 
