@@ -325,8 +325,12 @@ class Fleet:
                 self.clock.now = t
                 if held_on is None:
                     self._arrive(a)
-                else:  # a held request's hold is over
-                    self._submit(a, held_on)
+                else:  # a held request's hold is over: send it, unless routing holds it again
+                    flight = self.lanes[held_on].flights.get(a.id)
+                    if flight is not None and flight.hold_again():
+                        self._due.push(flight.not_before, a, held_on)
+                    else:
+                        self._submit(a, held_on)
                 continue
             if next_step is None:
                 return
@@ -349,7 +353,7 @@ class Fleet:
         o.model = name
         lane = self.lanes[name]
         if self.router is not None and info is not None:
-            flight = self.router.fly(name, a.prompt, a.kind.output_tokens, None, info.tpot_objective, info.hold_s)
+            flight = self.router.fly(name, a.prompt, a.kind.output_tokens, None, info)
             lane.flights[a.id] = flight
             if info.hold_s > 0:  # routing holds it back, as the gateway would
                 self._due.push(flight.not_before, a, name)

@@ -244,8 +244,7 @@ def _fly(routing: Routing, job: Job) -> Job:
         first.prompt_token_ids,
         out,
         first.cache_salt,
-        job.route.tpot_objective,
-        job.route.hold_s,
+        job.route,
     )
     return dataclasses.replace(job, flight=flight)
 
@@ -458,9 +457,12 @@ async def route_hold(job: Job) -> None:
     if job.flight is None:
         return
     engine = job.served.engine
-    while (left := job.flight.not_before - engine.clock()) > 0:
-        # The engine's clock may run faster than the wall clock (a simulated box): poll.
-        await asyncio.sleep(min(0.25, left))
+    while True:
+        while (left := job.flight.not_before - engine.clock()) > 0:
+            # The engine's clock may run faster than the wall clock (a simulated box): poll.
+            await asyncio.sleep(min(0.25, left))
+        if not job.flight.hold_again():
+            return
 
 
 async def _checked(

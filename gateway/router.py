@@ -20,6 +20,7 @@ engine runs faster than the wall clock, and its SLOs are in its seconds.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from policies.routing import Candidate, NoRoute, Route, Slo, choose
 
 log = logging.getLogger(__name__)
 
+BUSY_HISTORY_S = 600.0  # how far back box-mates' busy spans are kept (longer than any prefill)
+MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
 PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
 MAX_PREFILL_SHARE = 0.8
 
@@ -46,7 +49,17 @@ class RouteInfo:
     reason: str
     predicted: Prediction
     tpot_objective: float | None = None
+    ttft_objective: float | None = None
     hold_s: float = 0.0  # hold it this long before it goes to the engine (engine seconds)
+
+
+@dataclass(frozen=True)
+class Harm:
+    """What a new request would do to the requests on an engine (see `Lane.harms`)."""
+
+    reason: str = ""  # empty: it pushes none past its objective
+    clears_s: float = 0.0  # seconds until the last one it would push is done
+    crowding: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
 
 
 @dataclass
@@ -60,6 +73,7 @@ class Flight:
     routed_at: float
     tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
     not_before: float = 0.0  # held until then (engine clock) so as not to stall running requests
+    ttft_due: float | None = None  # its first token is due by then (engine clock; SLO with headroom)
     admitted_at: float | None = None
     first_at: float | None = None
     last_at: float | None = None
@@ -105,7 +119,7 @@ class Flight:
         if self.done:
             return
         self.done = True
-        self.lane.flights.remove(self)
+        self.lane.remove(self)
         if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
             return
         if self.decode_shared:  # not the model's own speed (see `decode_shared`)
@@ -115,6 +129,10 @@ class Flight:
         self.lane.latency.observe_tpot(
             tpot, concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
         )
+
+    def hold_again(self) -> float:
+        """Seconds more to hold it at the end of its hold (0: send it now)."""
+        return self.lane.hold_again(self)
 
     def remaining_s(self, tpot_s: float) -> float:
         """Predicted seconds until it frees its slot (it runs to its expected length)."""
@@ -138,6 +156,38 @@ class Lane:
     # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
     # that prompts take, which requests decoding here will also wait through.
     prefills: deque[tuple[float, float]] = field(default_factory=deque)
+    # When this engine had requests: closed (start, end) spans and the open one's start.
+    # A box-mate's prefill progresses at half speed while this one is busy.
+    busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
+    busy_since: float | None = None
+
+    def add(self, flight: Flight) -> None:
+        if not self.flights:
+            self.busy_since = self.clock()
+        self.flights.append(flight)
+
+    def remove(self, flight: Flight) -> None:
+        self.flights.remove(flight)
+        if not self.flights and self.busy_since is not None:
+            now = self.clock()
+            self.busy_spans.append((self.busy_since, now))
+            self.busy_since = None
+            while self.busy_spans and self.busy_spans[0][1] < now - BUSY_HISTORY_S:
+                self.busy_spans.popleft()
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Seconds between t0 and t1 during which this engine had requests."""
+        spans = [*self.busy_spans, *([(self.busy_since, t1)] if self.busy_since is not None else [])]
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+
+    def prefilled_s(self, flight: Flight, now: float) -> float:
+        """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
+        busy box-mate shared counts half."""
+        if flight.admitted_at is None:
+            return 0.0
+        elapsed = now - flight.admitted_at
+        shared = max((m.busy_between(flight.admitted_at, now) for m in self.mates), default=0.0)
+        return elapsed - shared / 2
 
     def running(self) -> int:
         return sum(1 for f in self.flights if f.admitted_at is not None)
@@ -182,14 +232,14 @@ class Lane:
         # Prompts prefill first come, first served: those running and those queued ahead
         # are prefilled before this one, whenever it gets its slot. They delay its first
         # token, not its decode (prefills arriving later would: `harms` guards against those).
-        ahead = self.prefill_backlog() + sum(f.prompt_tokens - f.cached_tokens for f in queued)
+        ahead = sum(f.prompt_tokens - f.cached_tokens for f in queued)
         own = self.latency.predict(
             prompt_tokens=len(prompt_ids),
             cached_tokens=cached,
             concurrency=concurrency,
             context_tokens=len(prompt_ids) + output_tokens // 2,
         )
-        ttft = max(wait, self.prefill_s(ahead)) + own.ttft_s
+        ttft = max(wait, self.prefill_backlog_s() + self.prefill_s(ahead)) + own.ttft_s
         decode = own.tpot_s * max(1, output_tokens)
         # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
         # steps take about twice as long. Stretch the part of the request the mate overlaps.
@@ -217,7 +267,7 @@ class Lane:
             return 0.0
         step = self.step_s(max(1, self.running()), 0)
         queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
-        return self.prefill_s(self.prefill_backlog() + queued) + max(f.remaining_s(step) for f in self.flights)
+        return self.prefill_backlog_s() + self.prefill_s(queued) + max(f.remaining_s(step) for f in self.flights)
 
     def until_first_token(self, flight: Flight, now: float) -> float:
         """Predicted seconds until `flight` has its first token (0 once it has)."""
@@ -225,45 +275,79 @@ class Lane:
             return 0.0
         own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
         if flight.admitted_at is not None:  # prefilling since then
-            return max(0.0, own - (now - flight.admitted_at))
+            return max(0.0, own - self.prefilled_s(flight, now))
         before = self.flights[: self.flights.index(flight)]
         return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
 
-    def prefill_after(self, flight: Flight) -> int:
-        """Prompt tokens of the requests routed here after `flight` still to prefill."""
+    def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
+        """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
         later = self.flights[self.flights.index(flight) + 1 :]
-        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None)
+        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
 
-    def prefill_backlog(self) -> int:
-        """Prompt tokens still to prefill for the requests running here (an upper bound)."""
-        return sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.prefilling)
+    def prefill_backlog_s(self) -> float:
+        """Predicted seconds until the requests running here have all prefilled: the engine
+        prefills them first come, first served, each from its admission or the previous one's end."""
+        prefilling = sorted((f for f in self.flights if f.prefilling), key=lambda f: f.admitted_at or 0.0)
+        if not prefilling:
+            return 0.0
+        # The first one admitted has had the engine's prefill budget since its admission.
+        work = sum(self.prefill_s(f.prompt_tokens - f.cached_tokens) for f in prefilling)
+        first = prefilling[0]
+        done = min(self.prefill_s(first.prompt_tokens - first.cached_tokens), self.prefilled_s(first, self.clock()))
+        return max(0.0, work - done)
 
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
 
-    def harms(self, prompt_ids: Sequence[int], output_tokens: int, keys: Sequence[Hashable]) -> tuple[str, float]:
-        """Which running requests a new request would push past their TPOT objective: here,
-        its prefill stalls their decodes; on a box-mate, its whole run slows them down."""
-        stall = self.prefill_s(len(prompt_ids) - self.cached_tokens(keys))
-        whole = stall + output_tokens * self.step_s(self.running() + 1, len(prompt_ids))
+    def harms(self, prompt_tokens: int, keys: Sequence[Hashable], skip: Flight | None = None) -> Harm:
+        """What sending a new request here now would do to the requests already here: its
+        prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
+        would push past their TPOT objective are harmed; `crowding` is the largest share of
+        any one's slack it would take. A box-mate's requests are not counted: while it runs,
+        the new request only slows them by the bandwidth it shares, and turning a chat away
+        to spare them costs more than it saves (docs/routing.md)."""
+        stall = self.stretched(self.prefill_s(prompt_tokens - self.cached_tokens(keys)))
         now = self.clock()
         hurt = 0
         clears = 0.0  # when the last request it would hurt is done
-        for f in [f for lane in (self, *self.mates) for f in lane.flights]:
-            if f.tpot_objective is None or f.output_tokens < 2:
+        crowding = 0.0
+        for f in self.flights:
+            if f is skip or f.tpot_objective is None or f.output_tokens < 2:
                 continue  # (queued ones count too: they will decode beside it)
-            step = f.lane.step_s(max(1, f.lane.running()), f.prompt_tokens)
+            step = self.step_s(max(1, self.running()), f.prompt_tokens)
             decoded = 0.0 if f.first_at is None else now - f.first_at
-            # Its decode still has to sit through the prompts routed here after it.
-            remaining = f.remaining_s(step) + f.lane.prefill_s(f.lane.prefill_after(f))
-            delay = stall if f.lane is self else min(whole, remaining)
-            limit = f.tpot_objective * (f.output_tokens - 1)
-            if decoded + remaining <= limit < decoded + remaining + delay:  # it tips this one over
+            # Its decode still has to sit through the prompts routed here after it, all of it
+            # slower while a box-mate is busy.
+            remaining = self.stretched(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)))
+            slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
+            if slack >= 0:
+                crowding = max(crowding, stall / slack if slack else math.inf)
+            if 0 <= slack < stall:  # it tips this one over
                 hurt += 1
-                clears = max(clears, f.lane.until_first_token(f, now) + remaining)
+                clears = max(clears, self.until_first_token(f, now) + remaining)
         if not hurt:
-            return "", 0.0
-        return f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective", clears
+            return Harm(crowding=crowding)
+        why = f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective"
+        return Harm(why, clears, crowding)
+
+    def stretched(self, seconds: float) -> float:
+        """`seconds` of this engine's work, longer by the part a busy box-mate overlaps."""
+        return seconds + min(seconds, max((m.busy_s() for m in self.mates), default=0.0))
+
+    def hold_again(self, flight: Flight) -> float:
+        """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held
+        again while it would still harm the requests here and can still meet its TTFT objective
+        after waiting: holds are predictions, and a request that started late decodes late."""
+        now = self.clock()
+        harm = self.harms(flight.prompt_tokens, flight.keys, skip=flight)
+        if not harm.reason or flight.ttft_due is None:
+            return 0.0
+        wait = max(harm.clears_s, MIN_HOLD_S)
+        own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
+        if now + wait + self.stretched(own.ttft_s) > flight.ttft_due:
+            return 0.0
+        flight.not_before = now + wait
+        return wait
 
 
 def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
@@ -346,9 +430,16 @@ class Router:
             lane = self.lanes[n]
             keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
             predictions[n] = lane.predict(prompt_ids, output_tokens, keys)
-            harms, clears = lane.harms(prompt_ids, output_tokens, keys)
+            harm = lane.harms(len(prompt_ids), keys)
             candidates.append(
-                Candidate(n, predictions[n], lane.served.engine.is_healthy, harms=harms, harm_clears_s=clears)
+                Candidate(
+                    n,
+                    predictions[n],
+                    lane.served.engine.is_healthy,
+                    harms=harm.reason,
+                    harm_clears_s=harm.clears_s,
+                    crowding=harm.crowding,
+                )
             )
         if not any(c.available for c in candidates):
             # Down is not slow: a 503 the client retries, not an SLO verdict.
@@ -374,6 +465,7 @@ class Router:
             reason=decision.reason,
             predicted=Prediction(held.ttft_s + decision.hold_s, held.tpot_s),
             tpot_objective=slo.tpot_s,
+            ttft_objective=slo.ttft_s,
             hold_s=decision.hold_s,
         )
 
@@ -406,9 +498,9 @@ class Router:
         prompt_ids: Sequence[int],
         output_tokens: int,
         salt: str | None,
-        tpot_objective: float | None = None,
-        hold_s: float = 0.0,
+        route: RouteInfo | None = None,
     ) -> Flight:
+        """Start the timing record of a request sent (or held) for `model` as `route` decided."""
         lane = self.lanes[model]
         keys = lane.keys(prompt_ids, salt)
         now = lane.clock()
@@ -419,10 +511,11 @@ class Router:
             output_tokens,
             keys,
             routed_at=now,
-            tpot_objective=tpot_objective,
-            not_before=now + hold_s,
+            tpot_objective=None if route is None else route.tpot_objective,
+            not_before=now + (0.0 if route is None else route.hold_s),
+            ttft_due=None if route is None or route.ttft_objective is None else now + route.ttft_objective,
         )
-        lane.flights.append(flight)
+        lane.add(flight)
         return flight
 
     def snapshot(self) -> dict[str, object]:

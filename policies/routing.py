@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 from policies.latency import Prediction
 
+# `fast` takes the model done soonest among those that would take at most this share of any
+# running request's slack: a long prompt sent where a document is decoding would leave it
+# no margin for the next, so another model that meets the SLO is better (docs/routing.md).
+CROWDING = 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class Slo:
@@ -47,6 +52,10 @@ class Candidate:
     # (None: not soon). A request that can afford to wait that long is held, not sent.
     harms: str = ""
     harm_clears_s: float | None = None
+    # The largest share of a running request's remaining slack (time it can still lose and
+    # meet its objective) sending it here would take: >= 1 harms. `fast` passes over a
+    # candidate that would take more than CROWDING of it when another would not.
+    crowding: float = 0.0
 
     def hold(self, slo: Slo, output_tokens: int) -> float | None:
         """Seconds to hold the request before sending it here (0: none), or None: it misses."""
@@ -101,7 +110,7 @@ def choose(
             return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
         order = [c for c in live if c.model != requested]
     elif strategy == "fast":
-        order = sorted(live, key=lambda c: c.prediction.total_s(output_tokens))
+        order = sorted(live, key=lambda c: (c.crowding > CROWDING, c.prediction.total_s(output_tokens)))
     else:
         order = list(live)
     passed: list[str] = []

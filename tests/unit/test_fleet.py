@@ -5,9 +5,13 @@ Deterministic (virtual time, seeded arrivals): these check the mechanics, not pe
 
 from __future__ import annotations
 
+import pytest
+
 from engine_adapter.spark_box import MODELS
 from gateway.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
+from gateway.router import RouteInfo
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
+from policies.latency import Prediction
 
 A3B = LatencyProfile(
     prefill_tokens_per_s=7575,
@@ -75,3 +79,52 @@ def test_a_document_arriving_on_a_busy_chat_engine_is_held_back() -> None:
     chat_tpot = (out["chat"].last - out["chat"].first) / (out["chat"].tokens - 1)  # type: ignore[operator]
     assert chat_tpot < 0.06
     assert MODELS["Qwen3.8-27B"].kv_budget_gib == 65.0
+
+
+def _route(ttft_s: float, tpot_s: float | None = 0.06, hold_s: float = 0.0) -> RouteInfo:
+    return RouteInfo("document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s)
+
+
+def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> None:
+    fleet = Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), ROUTING, "router")
+    router, clock = fleet.router, fleet.clock
+    assert router is not None
+    decoding = router.fly("dense", range(2_000), 300, None, _route(60.0))
+    decoding.admitted()
+    clock.now = 1.0
+    decoding.tokens(1, 0)
+    held = router.fly("dense", range(40_000), 100, None, _route(54.0, hold_s=1.0))
+    clock.now = 2.0  # its hold is over, but its ~20 s prefill would still stall the decode
+    more = held.hold_again()
+    assert more > 1.0 and held.not_before == clock.now + more
+    clock.now = 50.0  # waiting longer would miss its own first-token objective: it goes
+    assert held.hold_again() == 0.0
+    clock.now = 3.0
+    decoding.finish()  # nothing left to stall
+    assert held.hold_again() == 0.0
+
+
+def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
+    pair = Placement(
+        "pair",
+        (
+            Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE),
+            Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B),
+        ),
+    )
+    fleet = Fleet(pair, ROUTING, "router")
+    router, clock = fleet.router, fleet.clock
+    assert router is not None
+    lane = router.lanes["dense"]
+    long = router.fly("dense", range(20_000), 10, None, _route(60.0))
+    long.admitted()
+    work = lane.prefill_s(20_000)
+    clock.now = 4.0
+    assert lane.prefill_backlog_s() == pytest.approx(work - 4.0)  # alone on the box: full speed
+    mate = router.fly("moe", range(1_000), 10, None, _route(60.0))
+    clock.now = 8.0  # the mate has been busy for the last 4 s: they count half
+    assert lane.prefill_backlog_s() == pytest.approx(work - 6.0)
+    mate.finish()
+    clock.now = 10.0
+    assert lane.prefill_backlog_s() == pytest.approx(work - 8.0)
+    assert lane.until_first_token(long, clock.now) == pytest.approx(work - 8.0)
