@@ -306,7 +306,8 @@ class Lane:
         any one's slack it would take. A box-mate's requests are not counted: while it runs,
         the new request only slows them by the bandwidth it shares, and turning a chat away
         to spare them costs more than it saves (docs/routing.md)."""
-        stall = self.stretched(self.prefill_s(prompt_tokens - self.cached_tokens(keys)))
+        overlap = self.mates_busy_s()  # once: it walks every flight on the box
+        stall = stretch(self.prefill_s(prompt_tokens - self.cached_tokens(keys)), overlap)
         now = self.clock()
         hurt = 0
         clears = 0.0  # when the last request it would hurt is done
@@ -318,7 +319,7 @@ class Lane:
             decoded = 0.0 if f.first_at is None else now - f.first_at
             # Its decode still has to sit through the prompts routed here after it, all of it
             # slower while a box-mate is busy.
-            remaining = self.stretched(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)))
+            remaining = stretch(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)), overlap)
             slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
             if slack >= 0:
                 crowding = max(crowding, stall / slack if slack else math.inf)
@@ -330,9 +331,9 @@ class Lane:
         why = f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective"
         return Harm(why, clears, crowding)
 
-    def stretched(self, seconds: float) -> float:
-        """`seconds` of this engine's work, longer by the part a busy box-mate overlaps."""
-        return seconds + min(seconds, max((m.busy_s() for m in self.mates), default=0.0))
+    def mates_busy_s(self) -> float:
+        """Predicted seconds until every engine beside this one on its box is idle."""
+        return max((m.busy_s() for m in self.mates), default=0.0)
 
     def hold_again(self, flight: Flight) -> float:
         """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held
@@ -344,10 +345,15 @@ class Lane:
             return 0.0
         wait = max(harm.clears_s, MIN_HOLD_S)
         own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
-        if now + wait + self.stretched(own.ttft_s) > flight.ttft_due:
+        if now + wait + stretch(own.ttft_s, self.mates_busy_s()) > flight.ttft_due:
             return 0.0
         flight.not_before = now + wait
         return wait
+
+
+def stretch(seconds: float, mates_busy_s: float) -> float:
+    """`seconds` of an engine's work, longer by the part a busy box-mate overlaps (x2 then)."""
+    return seconds + min(seconds, mates_busy_s)
 
 
 def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
