@@ -138,6 +138,7 @@ class KVSpec:
     prefix_caching: bool
     max_num_seqs: int  # sequences the scheduler runs at once
     max_num_batched_tokens: int = 0  # the scheduler's token budget per step (prefill chunk size)
+    long_prefill_token_threshold: int = 0  # a prefill's chunk while others run or wait (0: no cap)
     async_scheduling: bool = False  # the scheduler plans step k+1 while step k runs (CUDA builds)
 
     @property

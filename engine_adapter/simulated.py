@@ -53,6 +53,7 @@ class SimEngineConfig:
     max_model_len: int = 262144
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 4096
+    long_prefill_token_threshold: int = 0
     kv_cache_bytes: int | None = None  # default: the model's KV budget on the box
     enable_prefix_caching: bool = True
     seed: int = 0
@@ -104,6 +105,7 @@ class SimulatedEngine:
         sim_config = SimConfig(
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens,
+            long_prefill_token_threshold=c.long_prefill_token_threshold,
             max_model_len=c.max_model_len,
             kv_cache_bytes=c.kv_cache_bytes,
             enable_prefix_caching=c.enable_prefix_caching,

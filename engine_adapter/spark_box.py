@@ -542,6 +542,9 @@ class SimConfig:
     max_model_len: int = 262144
     kv_cache_bytes: int | None = None  # default: the model's KV budget
     enable_prefix_caching: bool = True
+    # vLLM's --long-prefill-token-threshold: while others run or wait, a prefill takes at
+    # most this many tokens a step, so a short prompt need not wait for a long one (0: off).
+    long_prefill_token_threshold: int = 0
 
 
 class BoxSim:
@@ -620,6 +623,7 @@ class BoxSim:
             prefix_caching=self.config.enable_prefix_caching,
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+            long_prefill_token_threshold=self.config.long_prefill_token_threshold,
         )
 
     def blocks_held(self, request_id: str) -> int:
@@ -724,13 +728,20 @@ class BoxSim:
         """(decoding requests, (prefilling request, chunk)) for this step."""
         budget = self.config.max_num_batched_tokens
         k1 = self.model.spec.draft_tokens + 1
+        # As vLLM: the cap applies only when another request runs or waits (nobody to starve otherwise).
+        cap = self.config.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
         decodes: list[_Request] = []
         chunks: list[tuple[_Request, int]] = []
+
+        def chunk(r: _Request) -> int:
+            n = r.prompt_len - r.computed
+            return min(n, cap, budget) if cap else min(n, budget)
+
         for r in self._running:
             if budget <= 0:
                 break
             if r.prefilling:
-                n = min(r.prompt_len - r.computed, budget)
+                n = chunk(r)
                 chunks.append((r, n))
                 budget -= n
             else:
@@ -742,7 +753,7 @@ class BoxSim:
                 break  # FCFS: nobody overtakes a request that is waiting for blocks
             self._waiting.pop(0)
             self._running.append(req)
-            n = min(req.prompt_len - req.computed, budget)
+            n = chunk(req)
             chunks.append((req, n))
             budget -= n
         return decodes, chunks

@@ -48,6 +48,7 @@ class VllmEngineConfig:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = 0
     kv_cache_bytes: int | None = None
     kv_cache_dtype: str = "auto"
     block_size: int | None = None
@@ -183,6 +184,7 @@ def kv_spec_from_config(vllm_config: Any) -> KVSpec:
         prefix_caching=prefix,
         max_num_seqs=int(sc.max_num_seqs),
         max_num_batched_tokens=int(sc.max_num_batched_tokens),
+        long_prefill_token_threshold=int(getattr(sc, "long_prefill_token_threshold", 0) or 0),
         async_scheduling=bool(getattr(sc, "async_scheduling", False)),
     )
 
@@ -256,6 +258,8 @@ class VllmLocalEngine:
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         if c.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = c.max_num_batched_tokens
+        if c.long_prefill_token_threshold:
+            kwargs["long_prefill_token_threshold"] = c.long_prefill_token_threshold
         if c.kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = c.kv_cache_bytes
         if c.block_size is not None:

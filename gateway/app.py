@@ -51,6 +51,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
             max_model_len=model.max_model_len,
             max_num_seqs=model.max_num_seqs,
             max_num_batched_tokens=model.max_num_batched_tokens,
+            long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             kv_cache_dtype=model.kv_cache_dtype,
             enable_prefix_caching=model.enable_prefix_caching,
@@ -77,6 +78,7 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             max_model_len=model.max_model_len,
             max_num_seqs=model.max_num_seqs,
             max_num_batched_tokens=model.max_num_batched_tokens or 4096,
+            long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,
         )

@@ -45,6 +45,8 @@ class Deployed:
     kv_gib: float
     quality: float = 0.0
     latency: LatencyProfile = field(default_factory=LatencyProfile)
+    max_num_batched_tokens: int = 4096  # the engine's scheduler, as configured
+    long_prefill_token_threshold: int = 0
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -52,7 +54,16 @@ class Deployed:
         if m.simulated is None:
             raise ValueError(f"{m.name}: planning needs the model's `simulated` section (its box-model key)")
         kv = MODELS[m.simulated.model].kv_budget_gib if kv_gib is None else kv_gib
-        return Deployed(m.name, m.simulated.model, box, kv, m.quality, m.latency)
+        return Deployed(
+            m.name,
+            m.simulated.model,
+            box,
+            kv,
+            m.quality,
+            m.latency,
+            max_num_batched_tokens=m.max_num_batched_tokens or 4096,
+            long_prefill_token_threshold=m.long_prefill_token_threshold,
+        )
 
 
 @dataclass(frozen=True)
@@ -246,7 +257,12 @@ class Fleet:
         served = []
         for d in placement.models:
             spec = MODELS[d.model]
-            sim = BoxSim(spec, DGX_SPARK, SimConfig(kv_cache_bytes=int(d.kv_gib * GiB)))
+            config = SimConfig(
+                kv_cache_bytes=int(d.kv_gib * GiB),
+                max_num_batched_tokens=d.max_num_batched_tokens,
+                long_prefill_token_threshold=d.long_prefill_token_threshold,
+            )
+            sim = BoxSim(spec, DGX_SPARK, config)
             self.lanes[d.name] = _Lane(d, sim)
             settings = ModelSettings(
                 name=d.name,

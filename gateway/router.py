@@ -229,17 +229,15 @@ class Lane:
             for f in queued
         ]
         wait = slot_wait([f.remaining_s(step) for f in running], services, self.slots)
-        # Prompts prefill first come, first served: those running and those queued ahead
-        # are prefilled before this one, whenever it gets its slot. They delay its first
-        # token, not its decode (prefills arriving later would: `harms` guards against those).
-        ahead = sum(f.prompt_tokens - f.cached_tokens for f in queued)
+        # The prompts running and queued here delay its first token, not its decode
+        # (prefills arriving later would: `harms` guards against those).
         own = self.latency.predict(
             prompt_tokens=len(prompt_ids),
             cached_tokens=cached,
             concurrency=concurrency,
             context_tokens=len(prompt_ids) + output_tokens // 2,
         )
-        ttft = max(wait, self.prefill_backlog_s() + self.prefill_s(ahead)) + own.ttft_s
+        ttft = max(wait, self.prefill_ahead_s(len(prompt_ids) - cached)) + own.ttft_s
         decode = own.tpot_s * max(1, output_tokens)
         # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
         # steps take about twice as long. Stretch the part of the request the mate overlaps.
@@ -284,17 +282,44 @@ class Lane:
         later = self.flights[self.flights.index(flight) + 1 :]
         return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
 
+    def prefill_ahead_s(self, new_tokens: int) -> float:
+        """Predicted seconds of other prompts' prefill before a new prompt of `new_tokens`
+        has prefilled. Without a chunk cap the engine prefills first come, first served: all
+        of them. With one (`long_prefill_token_threshold`), each prompt ahead takes at most a
+        chunk of every step the new one prefills in, so a short prompt waits a chunk of each."""
+        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
+        spec = self.served.engine.kv_spec
+        cap = spec.long_prefill_token_threshold
+        if not cap:
+            return self.prefill_backlog_s() + self.prefill_s(queued)
+        steps = math.ceil(max(1, new_tokens) / cap)
+        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
+        total = sum(w for *_, w in waits)
+        if len(self.flights) == 1 and waits:
+            # A prompt alone is not capped: the step under way may be a whole budget of it.
+            f, left_s, w = waits[0]
+            total += min(left_s - w, self.chunk_s(f, spec.max_num_batched_tokens or cap))
+        return total
+
+    def chunk_s(self, flight: Flight, tokens: int) -> float:
+        """A chunk of `flight`'s prompt at its end: the longest one (attention grows with context)."""
+        return self.prefill_s(flight.prompt_tokens) - self.prefill_s(max(0, flight.prompt_tokens - tokens))
+
+    def prefills_left(self) -> list[tuple[Flight, float]]:
+        """Each prompt here still to prefill, in the engine's order (those admitted first),
+        with its predicted seconds left. The first one admitted has had the engine's prefill
+        budget since its admission; the others are counted whole."""
+        started = sorted((f for f in self.flights if f.prefilling), key=lambda f: f.admitted_at or 0.0)
+        waiting = [f for f in self.flights if f.admitted_at is None]
+        out = [(f, self.prefill_s(f.prompt_tokens - f.cached_tokens)) for f in [*started, *waiting]]
+        if started:
+            first, work = out[0]
+            out[0] = (first, max(0.0, work - self.prefilled_s(first, self.clock())))
+        return out
+
     def prefill_backlog_s(self) -> float:
-        """Predicted seconds until the requests running here have all prefilled: the engine
-        prefills them first come, first served, each from its admission or the previous one's end."""
-        prefilling = sorted((f for f in self.flights if f.prefilling), key=lambda f: f.admitted_at or 0.0)
-        if not prefilling:
-            return 0.0
-        # The first one admitted has had the engine's prefill budget since its admission.
-        work = sum(self.prefill_s(f.prompt_tokens - f.cached_tokens) for f in prefilling)
-        first = prefilling[0]
-        done = min(self.prefill_s(first.prompt_tokens - first.cached_tokens), self.prefilled_s(first, self.clock()))
-        return max(0.0, work - done)
+        """Predicted seconds until the requests running here have all prefilled."""
+        return sum(left for f, left in self.prefills_left() if f.admitted_at is not None)
 
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
@@ -326,9 +351,24 @@ class Lane:
             if 0 <= slack < stall:  # it tips this one over
                 hurt += 1
                 clears = max(clears, self.until_first_token(f, now) + remaining)
-        if not hurt:
+        # With a chunk cap its chunks also share the steps of the prompts still to prefill
+        # here, delaying their first tokens by up to its own prefill (without one it waits).
+        late = 0
+        if self.served.engine.kv_spec.long_prefill_token_threshold:
+            for f in self.flights:
+                if f is skip or f.first_at is not None or f.ttft_due is None:
+                    continue
+                left = stretch(self.until_first_token(f, now), overlap)
+                if now + left <= f.ttft_due < now + left + min(stall, left):
+                    late += 1
+                    clears = max(clears, left)
+        if not (hurt or late):
             return Harm(crowding=crowding)
-        why = f"it would push {hurt} running request{'s' if hurt > 1 else ''} past their TPOT objective"
+        why = " and ".join(
+            f"it would push {n} running request{'s' if n > 1 else ''} past their {what} objective"
+            for n, what in ((late, "TTFT"), (hurt, "TPOT"))
+            if n
+        )
         return Harm(why, clears, crowding)
 
     def mates_busy_s(self) -> float:
@@ -453,13 +493,23 @@ class Router:
             raise EngineUnavailableError(
                 f"No engine that can serve '{requested}' is available now ({down}).", headers={"Retry-After": "5"}
             )
-        if self.is_alias(requested):
-            strategy = self.settings.aliases[requested]
-            if strategy == "class":
-                strategy = self.settings.classes[slo_name].prefer
-            decision = choose(requested, candidates, slo, output_tokens, aliases={requested: strategy})
-        else:  # names[0] is the requested model; more names only where the key may substitute
-            decision = choose(names[0], candidates, slo, output_tokens, aliases={}, allow_substitution=len(names) > 1)
+
+        def decide(slo: Slo) -> Route | NoRoute:
+            if self.is_alias(requested):
+                strategy = self.settings.aliases[requested]
+                if strategy == "class":
+                    strategy = self.settings.classes[slo_name].prefer
+                return choose(requested, candidates, slo, output_tokens, aliases={requested: strategy})
+            # names[0] is the requested model; more names only where the key may substitute
+            return choose(names[0], candidates, slo, output_tokens, aliases={}, allow_substitution=len(names) > 1)
+
+        decision = decide(slo)
+        if isinstance(decision, NoRoute) and self.settings.headroom < 1:
+            # Headroom is a margin to prefer, not a reason to turn away: a request predicted
+            # to meet the objective itself is served (turning it away misses it for sure),
+            # and one turned away is told which objective it misses.
+            slo = slo_of(slo_name, self.settings.classes[slo_name])
+            decision = decide(slo)
         if isinstance(decision, NoRoute):
             self.rejected += 1
             raise self._unattainable(decision, names, slo, prompt_ids, output_tokens)

@@ -227,6 +227,9 @@ class ModelSettings(_Model):
     max_model_len: int = Field(4096, ge=16)
     max_num_seqs: int = Field(8, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=16)
+    # vLLM's: while others run or wait, a prefill takes at most this many tokens a step, so a
+    # chat does not wait behind a long document's whole prompt (0: no cap). docs/routing.md.
+    long_prefill_token_threshold: int = Field(0, ge=0)
     max_output_tokens: int | None = Field(None, ge=1)
     # Fixed KV bytes. Unset: with a `box` plan, a share of the memory left; without one, vLLM's default.
     kv_cache_bytes: int | None = None
@@ -302,8 +305,9 @@ class RoutingSettings(_Model):
     # faster ones), "fast" (the quickest predicted) or "class" (the SLO class's `prefer`).
     aliases: dict[str, AliasStrategy] = Field(default_factory=lambda: dict(DEFAULT_ALIASES))
     allow_substitution: bool = False  # the default for keys that do not say
-    # Plan against this share of each objective: predictions err, and a request that only
-    # just fits its objective on paper misses it half the time.
+    # Prefer models that meet this share of each objective: predictions err, and a request
+    # that only just fits its objective on paper misses it half the time. A request is turned
+    # away only when none is predicted to meet the objective itself.
     headroom: float = Field(0.9, gt=0, le=1)
     # Output tokens assumed for a request that does not set max_tokens.
     default_output_tokens: int = Field(512, ge=1)

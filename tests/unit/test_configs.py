@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,24 @@ def test_the_three_models_never_share_one_box() -> None:
     two = {p.name for p in planner.placements(s.models, 2)}
     assert "qwen3.8-27b + qwen3.6-35b-a3b | qwen3.8-flash-next" in two
     assert not any("flash-next +" in n or "+ qwen3.8-flash-next" in n for n in two)
+
+
+def test_the_real_engines_cap_long_prefills_as_the_router_assumes(tmp_path: Path) -> None:
+    """The DGX Spark engines get vLLM's long-prefill cap (a chat starts beside a document):
+    the router's prediction and the box model both assume it (docs/routing.md)."""
+    from engine_adapter.vllm_local import VllmLocalEngine
+    from gateway.app import vllm_engine
+
+    for name in ("dgx-spark.yaml", "dgx-spark-2.yaml"):
+        s = load_settings(CONFIG / name)
+        for m in s.models:
+            if m.engine != "vllm":
+                continue
+            engine = vllm_engine(s, m)
+            assert isinstance(engine, VllmLocalEngine)
+            # vLLM's arguments as the engine would start with them (the weights live on the box).
+            local = VllmLocalEngine(dataclasses.replace(engine.config, model=str(tmp_path), tokenizer=None))
+            args = local._engine_args()
+            assert (args.max_num_batched_tokens, args.long_prefill_token_threshold) == (2048, 1024), m.name
+    sim = load_settings(CONFIG / "sim-dgx-spark.yaml")
+    assert {(m.max_num_batched_tokens, m.long_prefill_token_threshold) for m in sim.models} == {(2048, 1024)}

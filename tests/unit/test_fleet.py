@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.spark_box import MODELS
+from gateway.auth import ANONYMOUS
+from gateway.errors import SloUnattainable
 from gateway.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
 from gateway.router import RouteInfo
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
@@ -128,3 +130,68 @@ def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
     clock.now = 10.0
     assert lane.prefill_backlog_s() == pytest.approx(work - 8.0)
     assert lane.until_first_token(long, clock.now) == pytest.approx(work - 8.0)
+
+
+def _capped(cap: int, model: str = "Qwen3.8-27B", latency: LatencyProfile = DENSE) -> Fleet:
+    """One engine, named "dense" whatever its model, with steps of 2,048 tokens and, with
+    `cap`, vLLM's long-prefill cap."""
+    one = Deployed(
+        "dense", model, "box", 65.0, latency=latency, max_num_batched_tokens=2048, long_prefill_token_threshold=cap
+    )
+    return Fleet(Placement("one", (one,)), ROUTING, "router")
+
+
+def test_with_a_chunk_cap_a_short_prompt_waits_for_a_chunk_of_a_long_one_not_all_of_it() -> None:
+    capped, fcfs = _capped(1024), _capped(0)
+    for fleet in (capped, fcfs):
+        assert fleet.router is not None
+        doc = fleet.router.fly("dense", range(30_000), 10, None, _route(60.0))
+        doc.admitted()
+    assert capped.router is not None and fcfs.router is not None
+    lane, whole = capped.router.lanes["dense"], fcfs.router.lanes["dense"]
+    doc = lane.flights[0]
+    # First come, first served: all of the document's prefill.
+    assert whole.prefill_ahead_s(1_500) == pytest.approx(whole.prefill_s(30_000))
+    # Capped: a chunk of it for each of its own two steps, and the step under way, which a
+    # prompt alone fills with a whole budget.
+    assert lane.prefill_ahead_s(1_500) == pytest.approx(2 * lane.chunk_s(doc, 1024) + lane.chunk_s(doc, 2048))
+    assert lane.prefill_ahead_s(1_500) < 0.2 * whole.prefill_ahead_s(1_500)
+    # A long prompt still waits for all of it.
+    assert lane.prefill_ahead_s(40_000) == pytest.approx(lane.prefill_s(30_000))
+
+
+def test_with_a_chunk_cap_a_chat_is_served_beside_a_long_prefill_and_without_it_is_turned_away() -> None:
+    doc = RequestKind("document", 1.0, (30_000, 30_000), 50, "document")
+    load = [Arrival("doc", 0.0, doc, tuple(range(3_000, 33_000))), Arrival("chat", 1.0, CHAT, tuple(range(1_500)))]
+    capped, fcfs = _capped(1024, "Qwen3.6-35B-A3B", A3B), _capped(0, "Qwen3.6-35B-A3B", A3B)
+    capped.run(load)
+    fcfs.run(load)
+    assert fcfs.outcomes["chat"].model is None  # ~4 s behind the document's prompt: turned away
+    chat = capped.outcomes["chat"]
+    assert chat.model == "dense" and chat.first is not None and chat.first - chat.arrival < 2.0
+
+
+def test_with_a_chunk_cap_a_prompt_that_would_delay_a_prefilling_chat_past_its_ttft_harms_it() -> None:
+    fleet = _capped(1024)
+    router, clock = fleet.router, fleet.clock
+    assert router is not None
+    lane = router.lanes["dense"]
+    chat = router.fly("dense", range(5_000), 300, None, _route(2.0))
+    chat.admitted()
+    clock.now = 0.2  # ~1.5 s of its prefill left, 1.8 s to its objective
+    harm = lane.harms(3_000, ())  # a second chat's ~1 s prefill would share its steps
+    assert "past their TTFT objective" in harm.reason and harm.clears_s > 0
+    assert not lane.harms(300, ()).reason  # a small one fits in the slack
+    assert not _capped(0).router.lanes["dense"].harms(3_000, ()).reason  # type: ignore[union-attr]
+
+
+def test_headroom_is_a_margin_to_prefer_not_a_reason_to_turn_away() -> None:
+    fleet = Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), ROUTING, "router")
+    router = fleet.router
+    assert router is not None and router.settings.headroom == 0.9
+    # Idle, a 5,200-token chat prefills in ~1.9 s: over 90% of the 2 s objective, within it.
+    model, info = router.route("auto", ["dense"], ANONYMOUS, "interactive", range(5_200), 100, None)
+    assert model == "dense" and 1.8 < info.predicted.ttft_s < 2.0
+    assert info.ttft_objective == 2.0
+    with pytest.raises(SloUnattainable, match=r"TTFT 2\.\d+s > 2s"):  # ~2.2 s: the objective itself is missed
+        router.route("auto", ["dense"], ANONYMOUS, "interactive", range(6_000), 100, None)

@@ -152,6 +152,26 @@ def test_decode_is_not_starved_by_a_long_prefill() -> None:
         assert any(e.request_id == "short" and e.new_tokens >= 1 for e in res.events)
 
 
+def test_long_prefill_threshold_lets_a_short_prompt_in_beside_a_long_one() -> None:
+    """vLLM's long_prefill_token_threshold: a lone prompt takes the whole budget; once another
+    request waits, each prefill takes at most the cap a step, so the short one is not queued
+    behind the long one's whole prompt. Without the cap it is."""
+
+    def chat_ttft(cap: int) -> tuple[float, list[int]]:
+        sim = BoxSim(DENSE, config=SimConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=cap))
+        sim.submit("doc", prompt(32768, 1), 4)
+        sim.step()  # alone: a whole budget
+        sim.submit("chat", prompt(1500, 2), 4, arrival_time=sim.now)
+        steps, first, _, _ = run(sim)
+        return first["chat"] - steps[0].start, [s.prefill_tokens for s in steps[:3]]
+
+    capped, chunks = chat_ttft(1024)
+    assert chunks == [1024 + 1024, 1024 + 476, 1024]  # the doc and the chat share each step
+    fcfs, chunks = chat_ttft(0)
+    assert chunks == [2048, 2048, 2048]  # the chat waits for the doc's whole prompt
+    assert capped < 1.5 < 10 < fcfs
+
+
 def test_kv_pool_is_never_over_committed_and_nothing_is_preempted() -> None:
     # A pool of ~300 blocks: two 4000-token requests cannot both hold their peak.
     small = SimConfig(kv_cache_bytes=4 * MOE.linear_state_bytes + 301 * MOE.kv_bytes_per_token * BS)
