@@ -11,7 +11,8 @@ a new request is then:
     TPOT = the model's time per token at the concurrency it will join, at its context,
            stretched likewise, and by the share of time recent prompts spend prefilling
 
-and a check that its prefill would not push a running request past its TPOT objective
+and a check that its prefill would not push a running request past its TPOT objective,
+nor (where the engine caps prefill chunks) one still to prefill past its TTFT objective
 (if it would, a request that can wait is held back until that one is done). See
 docs/routing.md. Times come from each engine's own clock (`Engine.clock()`): a simulated
 engine runs faster than the wall clock, and its SLOs are in its seconds.
@@ -287,10 +288,10 @@ class Lane:
         has prefilled. Without a chunk cap the engine prefills first come, first served: all
         of them. With one (`long_prefill_token_threshold`), each prompt ahead takes at most a
         chunk of every step the new one prefills in, so a short prompt waits a chunk of each."""
-        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
         spec = self.served.engine.kv_spec
         cap = spec.long_prefill_token_threshold
         if not cap:
+            queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
             return self.prefill_backlog_s() + self.prefill_s(queued)
         steps = math.ceil(max(1, new_tokens) / cap)
         waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
@@ -327,8 +328,9 @@ class Lane:
     def harms(self, prompt_tokens: int, keys: Sequence[Hashable], skip: Flight | None = None) -> Harm:
         """What sending a new request here now would do to the requests already here: its
         prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
-        would push past their TPOT objective are harmed; `crowding` is the largest share of
-        any one's slack it would take. A box-mate's requests are not counted: while it runs,
+        would push past their TPOT objective are harmed, and with a chunk cap so are those still
+        to prefill that its chunks would push past their TTFT objective; `crowding` is the
+        largest share of any one's TPOT slack it would take. A box-mate's requests are not counted: while it runs,
         the new request only slows them by the bandwidth it shares, and turning a chat away
         to spare them costs more than it saves (docs/routing.md)."""
         overlap = self.mates_busy_s()  # once: it walks every flight on the box
