@@ -51,11 +51,13 @@ def test_the_three_models_never_share_one_box() -> None:
 
 
 def test_the_real_engines_cap_long_prefills_as_the_router_assumes(tmp_path: Path) -> None:
-    """The DGX Spark engines get vLLM's long-prefill cap (a chat starts beside a document):
-    the router's prediction and the box model both assume it (docs/routing.md)."""
+    """The DGX Spark engines get vLLM's long-prefill cap (a chat starts beside a document), at
+    least one of their stretched hybrid blocks (vLLM asserts it in align mode), and the box
+    model runs them with the same scheduler settings (docs/routing.md)."""
     from engine_adapter.vllm_local import VllmLocalEngine
     from gateway.app import vllm_engine
 
+    real: dict[str, tuple[int, int]] = {}
     for name in ("dgx-spark.yaml", "dgx-spark-2.yaml"):
         s = load_settings(CONFIG / name)
         for m in s.models:
@@ -66,6 +68,8 @@ def test_the_real_engines_cap_long_prefills_as_the_router_assumes(tmp_path: Path
             # vLLM's arguments as the engine would start with them (the weights live on the box).
             local = VllmLocalEngine(dataclasses.replace(engine.config, model=str(tmp_path), tokenizer=None))
             args = local._engine_args()
-            assert (args.max_num_batched_tokens, args.long_prefill_token_threshold) == (2048, 1024), m.name
+            real[m.name] = (args.max_num_batched_tokens, args.long_prefill_token_threshold)
+    # FP8 KV blocks measured on CUDA vLLM (../shared/device/README.md): 2,096 and 1,568 tokens.
+    assert real == {"qwen3.6-35b-a3b": (4096, 2096), "qwen3.8-27b": (4096, 1568), "qwen3.8-flash-next": (4096, 2048)}
     sim = load_settings(CONFIG / "sim-dgx-spark.yaml")
-    assert {(m.max_num_batched_tokens, m.long_prefill_token_threshold) for m in sim.models} == {(2048, 1024)}
+    assert {m.name: (m.max_num_batched_tokens, m.long_prefill_token_threshold) for m in sim.models} == real
