@@ -733,7 +733,7 @@ class BoxSim:
         decodes: list[_Request] = []
         chunks: list[tuple[_Request, int]] = []
 
-        def chunk(r: _Request) -> int:
+        def chunk(r: _Request, budget: int) -> int:
             n = r.prompt_len - r.computed
             return min(n, cap, budget) if cap else min(n, budget)
 
@@ -741,7 +741,7 @@ class BoxSim:
             if budget <= 0:
                 break
             if r.prefilling:
-                n = chunk(r)
+                n = chunk(r, budget)
                 chunks.append((r, n))
                 budget -= n
             else:
@@ -753,7 +753,7 @@ class BoxSim:
                 break  # FCFS: nobody overtakes a request that is waiting for blocks
             self._waiting.pop(0)
             self._running.append(req)
-            n = chunk(req)
+            n = chunk(req, budget)
             chunks.append((req, n))
             budget -= n
         return decodes, chunks

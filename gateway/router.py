@@ -265,8 +265,7 @@ class Lane:
         if not self.flights:
             return 0.0
         step = self.step_s(max(1, self.running()), 0)
-        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
-        return self.prefill_backlog_s() + self.prefill_s(queued) + max(f.remaining_s(step) for f in self.flights)
+        return self.prefill_all_s() + max(f.remaining_s(step) for f in self.flights)
 
     def until_first_token(self, flight: Flight, now: float) -> float:
         """Predicted seconds until `flight` has its first token (0 once it has)."""
@@ -291,8 +290,7 @@ class Lane:
         spec = self.served.engine.kv_spec
         cap = spec.long_prefill_token_threshold
         if not cap:
-            queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
-            return self.prefill_backlog_s() + self.prefill_s(queued)
+            return self.prefill_all_s()
         steps = math.ceil(max(1, new_tokens) / cap)
         waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
         total = sum(w for *_, w in waits)
@@ -322,6 +320,12 @@ class Lane:
         """Predicted seconds until the requests running here have all prefilled."""
         return sum(left for f, left in self.prefills_left() if f.admitted_at is not None)
 
+    def prefill_all_s(self) -> float:
+        """Predicted seconds until every prompt here, running or queued, has prefilled, one
+        after another (first come, first served)."""
+        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
+        return self.prefill_backlog_s() + self.prefill_s(queued)
+
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
 
@@ -330,9 +334,9 @@ class Lane:
         prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
         would push past their TPOT objective are harmed, and with a chunk cap so are those still
         to prefill that its chunks would push past their TTFT objective; `crowding` is the
-        largest share of any one's TPOT slack it would take. A box-mate's requests are not counted: while it runs,
-        the new request only slows them by the bandwidth it shares, and turning a chat away
-        to spare them costs more than it saves (docs/routing.md)."""
+        largest share of any one's TPOT slack it would take. A box-mate's requests are not
+        counted: while it runs, the new request only slows them by the bandwidth it shares,
+        and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
         overlap = self.mates_busy_s()  # once: it walks every flight on the box
         stall = stretch(self.prefill_s(prompt_tokens - self.cached_tokens(keys)), overlap)
         now = self.clock()
