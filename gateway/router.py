@@ -20,10 +20,11 @@ engine runs faster than the wall clock, and its SLOs are in its seconds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.auth import Principal
@@ -63,6 +64,18 @@ class Harm:
     crowding: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
 
 
+@dataclass(frozen=True)
+class Reserve:
+    """What a new request would take from a reserved SLO class's capacity (see
+    `Router.reserve`): nothing, or how long to hold it so that it does not."""
+
+    wait_s: float = 0.0  # 0: it takes nothing
+    why: str = ""  # what holding it keeps, for the route's reason
+    # Requests of the reserved class expected while no engine is ready for them if it is
+    # sent now: one that cannot wait is turned away when that is at least one.
+    costs: float = 0.0
+
+
 @dataclass
 class Flight:
     """One routed request on its way through an engine: its timing feeds the model."""
@@ -88,6 +101,9 @@ class Flight:
     prefill_shared: bool = False
     decode_shared: bool = False
     done: bool = False
+    # At the end of its hold, seconds more to hold it so as not to take a reserved SLO
+    # class's capacity (`Router.reserve`); None: no class is reserved from it.
+    reserve: Callable[[Flight], float] | None = None
 
     def admitted(self) -> None:
         self.admitted_at = self.lane.clock()
@@ -133,7 +149,11 @@ class Flight:
 
     def hold_again(self) -> float:
         """Seconds more to hold it at the end of its hold (0: send it now)."""
-        return self.lane.hold_again(self)
+        wait = self.lane.hold_again(self)
+        if not wait and self.reserve is not None:
+            wait = self.reserve(self)
+            self.not_before = self.lane.clock() + wait
+        return wait
 
     def remaining_s(self, tpot_s: float) -> float:
         """Predicted seconds until it frees its slot (it runs to its expected length)."""
@@ -190,13 +210,41 @@ class Lane:
         shared = max((m.busy_between(flight.admitted_at, now) for m in self.mates), default=0.0)
         return elapsed - shared / 2
 
+    def ahead(self) -> list[Flight]:
+        """The requests here a newcomer comes after: all but those routing holds back. A held
+        one defers to newcomers: its hold ends with a check of what it would do then."""
+        now = self.clock()
+        return [f for f in self.flights if f.admitted_at is not None or f.not_before <= now]
+
     def running(self) -> int:
         return sum(1 for f in self.flights if f.admitted_at is not None)
+
+    @contextlib.contextmanager
+    def placed(self, flight: Flight | None) -> Iterator[None]:
+        """Predict as if `flight` were queued here (None: as things are); busy spans untouched."""
+        if flight is None:
+            yield
+            return
+        self.flights.append(flight)
+        try:
+            yield
+        finally:
+            self.flights.remove(flight)
+
+    @contextlib.contextmanager
+    def lifted(self, flight: Flight) -> Iterator[None]:
+        """Predict as if `flight` were not here; busy spans untouched."""
+        i = self.flights.index(flight)
+        del self.flights[i]
+        try:
+            yield
+        finally:
+            self.flights.insert(i, flight)
 
     def shared(self, flight: Flight) -> bool:
         """Whether others' work shares the box with `flight` now: another prompt prefilling
         on its engine, or an engine beside it on the box with requests."""
-        return any(f is not flight and f.prefilling for f in self.flights) or any(m.flights for m in self.mates)
+        return any(f is not flight and f.prefilling for f in self.flights) or any(m.ahead() for m in self.mates)
 
     def seen(self, keys: Sequence[Hashable]) -> None:
         for k in keys:
@@ -220,11 +268,14 @@ class Lane:
         return n * self.served.engine.kv_spec.block_size
 
     def predict(self, prompt_ids: Sequence[int], output_tokens: int, keys: Sequence[Hashable]) -> Prediction:
-        cached = self.cached_tokens(keys)
-        running = [f for f in self.flights if f.admitted_at is not None]
-        queued = [f for f in self.flights if f.admitted_at is None]
+        return self.predict_tokens(len(prompt_ids), self.cached_tokens(keys), output_tokens)
+
+    def predict_tokens(self, prompt_tokens: int, cached: int, output_tokens: int) -> Prediction:
+        here = self.ahead()
+        running = [f for f in here if f.admitted_at is not None]
+        queued = [f for f in here if f.admitted_at is None]
         concurrency = min(self.slots, len(running) + 1)
-        step = self.step_s(concurrency, len(prompt_ids))
+        step = self.step_s(concurrency, prompt_tokens)
         services = [
             self.latency.predict(prompt_tokens=f.prompt_tokens, concurrency=concurrency).total_s(f.output_tokens)
             for f in queued
@@ -233,22 +284,40 @@ class Lane:
         # The prompts running and queued here delay its first token, not its decode
         # (prefills arriving later would: `harms` guards against those).
         own = self.latency.predict(
-            prompt_tokens=len(prompt_ids),
+            prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             concurrency=concurrency,
-            context_tokens=len(prompt_ids) + output_tokens // 2,
+            context_tokens=prompt_tokens + output_tokens // 2,
         )
-        ttft = max(wait, self.prefill_ahead_s(len(prompt_ids) - cached)) + own.ttft_s
+        ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached)) + own.ttft_s
         decode = own.tpot_s * max(1, output_tokens)
         # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
         # steps take about twice as long. Stretch the part of the request the mate overlaps.
         ttft_stretch = decode_stretch = 0.0
         for m in self.mates:
-            busy = m.busy_s()
-            ttft_stretch += min(busy, ttft)
-            decode_stretch += min(max(0.0, busy - ttft), decode)
-        tpot = own.tpot_s * (1 + decode_stretch / decode) / (1 - self.prefill_share())
+            ttft_stretch += m.busy_within(0.0, ttft)
+            decode_stretch += m.busy_within(ttft, ttft + decode)
+        tpot = (decode + decode_stretch) / max(1, output_tokens) / (1 - self.prefill_share())
         return Prediction(ttft_s=ttft + ttft_stretch, tpot_s=tpot)
+
+    def busy_within(self, t0: float, t1: float) -> float:
+        """Expected seconds between t0 and t1 from now during which this engine has requests:
+        all of it until its work now is done (`busy_s`); after a usual idle gap, its share of
+        recent time. A mate's later work counts: a 60K prompt on the 35B-A3B prefills for 15 s
+        of its box-mate's chats arriving, and reckoning with only the chats there now made
+        documents' TTFT and TPOT predictions half of what they took (docs/routing.md)."""
+        busy = self.busy_s()
+        duty, gap = self.duty()
+        again = busy + gap
+        return min(t1, busy) - min(t0, busy) + duty * (max(t1, again) - max(t0, again))
+
+    def duty(self) -> tuple[float, float]:
+        """Share of the last PREFILL_WINDOW_S this engine had requests, and its mean idle gap."""
+        now = self.clock()
+        since = now - PREFILL_WINDOW_S
+        busy = self.busy_between(since, now)
+        spans = sum(1 for _, end in self.busy_spans if end > since) + (self.busy_since is not None)
+        return busy / PREFILL_WINDOW_S, (PREFILL_WINDOW_S - busy) / max(1, spans)
 
     def prefill_share(self) -> float:
         """Share of the last PREFILL_WINDOW_S spent prefilling prompts routed here (capped)."""
@@ -262,10 +331,11 @@ class Lane:
 
     def busy_s(self) -> float:
         """Predicted seconds until this engine has nothing left to do."""
-        if not self.flights:
+        here = self.ahead()
+        if not here:
             return 0.0
         step = self.step_s(max(1, self.running()), 0)
-        return self.prefill_all_s() + max(f.remaining_s(step) for f in self.flights)
+        return self.prefill_all_s() + max(f.remaining_s(step) for f in here)
 
     def until_first_token(self, flight: Flight, now: float) -> float:
         """Predicted seconds until `flight` has its first token (0 once it has)."""
@@ -274,12 +344,14 @@ class Lane:
         own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
         if flight.admitted_at is not None:  # prefilling since then
             return max(0.0, own - self.prefilled_s(flight, now))
-        before = self.flights[: self.flights.index(flight)]
+        here = self.ahead()
+        before = here[: here.index(flight)] if flight in here else here
         return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
 
     def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
         """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
-        later = self.flights[self.flights.index(flight) + 1 :]
+        here = self.ahead()
+        later = here[here.index(flight) + 1 :] if flight in here else []
         return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
 
     def prefill_ahead_s(self, new_tokens: int) -> float:
@@ -294,7 +366,7 @@ class Lane:
         steps = math.ceil(max(1, new_tokens) / cap)
         waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
         total = sum(w for *_, w in waits)
-        if len(self.flights) == 1 and waits:
+        if len(self.ahead()) == 1 and waits:
             # A prompt alone is not capped: the step under way may be a whole budget of it.
             f, left_s, w = waits[0]
             total += min(left_s - w, self.chunk_s(f, spec.max_num_batched_tokens or cap))
@@ -308,8 +380,9 @@ class Lane:
         """Each prompt here still to prefill, in the engine's order (those admitted first),
         with its predicted seconds left. The first one admitted has had the engine's prefill
         budget since its admission; the others are counted whole."""
-        started = sorted((f for f in self.flights if f.prefilling), key=lambda f: f.admitted_at or 0.0)
-        waiting = [f for f in self.flights if f.admitted_at is None]
+        here = self.ahead()
+        started = sorted((f for f in here if f.prefilling), key=lambda f: f.admitted_at or 0.0)
+        waiting = [f for f in here if f.admitted_at is None]
         out = [(f, self.prefill_s(f.prompt_tokens - f.cached_tokens)) for f in [*started, *waiting]]
         if started:
             first, work = out[0]
@@ -323,7 +396,7 @@ class Lane:
     def prefill_all_s(self) -> float:
         """Predicted seconds until every prompt here, running or queued, has prefilled, one
         after another (first come, first served)."""
-        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.flights if f.admitted_at is None)
+        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.ahead() if f.admitted_at is None)
         return self.prefill_backlog_s() + self.prefill_s(queued)
 
     def prefill_s(self, tokens: int) -> float:
@@ -343,7 +416,8 @@ class Lane:
         hurt = 0
         clears = 0.0  # when the last request it would hurt is done
         crowding = 0.0
-        for f in self.flights:
+        here = self.ahead()  # a held request is no victim: it is checked again when its hold ends
+        for f in here:
             if f is skip or f.tpot_objective is None or f.output_tokens < 2:
                 continue  # (queued ones count too: they will decode beside it)
             step = self.step_s(max(1, self.running()), f.prompt_tokens)
@@ -361,7 +435,7 @@ class Lane:
         # here, delaying their first tokens by up to its own prefill (without one it waits).
         late = 0
         if self.served.engine.kv_spec.long_prefill_token_threshold:
-            for f in self.flights:
+            for f in here:
                 if f is skip or f.first_at is not None or f.ttft_due is None:
                     continue
                 left = stretch(self.until_first_token(f, now), overlap)
@@ -438,6 +512,13 @@ class Router:
             lane.mates = [other for m, other in self.lanes.items() if m != n and box[m] == box[n]]
         self.routed: dict[str, int] = {}
         self.rejected = 0
+        # Per reserved SLO class (`reserve_slots`), its recent requests (prompt tokens, cached
+        # tokens, output tokens: an engine is kept ready for one sized like them, `reference`)
+        # and arrival times (`rate`).
+        self.recent: dict[str, deque[tuple[int, int, int]]] = {
+            name: deque(maxlen=settings.window) for name, cls in settings.classes.items() if cls.reserve_slots
+        }
+        self.arrivals: dict[str, deque[float]] = {name: deque(maxlen=settings.window) for name in self.recent}
 
     def is_alias(self, name: str) -> bool:
         return name in self.settings.aliases
@@ -476,13 +557,19 @@ class Router:
     ) -> tuple[str, RouteInfo]:
         """The model to serve this request, or SloUnattainable (before it queues anywhere)."""
         slo_name, slo = self.slo_for(principal, slo_header)
+        if slo_name in self.arrivals and names:
+            self.arrivals[slo_name].append(self.lanes[names[0]].clock())
         predictions: dict[str, Prediction] = {}
         candidates = []
+        cached: dict[str, int] = {}
         for n in names:
             lane = self.lanes[n]
             keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
+            cached[n] = lane.cached_tokens(keys)
             predictions[n] = lane.predict(prompt_ids, output_tokens, keys)
             harm = lane.harms(len(prompt_ids), keys)
+            trial = Flight(lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), cached_tokens=cached[n])
+            reserve = self.reserve(trial, slo_name)
             candidates.append(
                 Candidate(
                     n,
@@ -491,6 +578,9 @@ class Router:
                     harms=harm.reason,
                     harm_clears_s=harm.clears_s,
                     crowding=harm.crowding,
+                    reserve_s=reserve.wait_s,
+                    reserve_why=reserve.why,
+                    reserve_costs=reserve.costs,
                 )
             )
         if not any(c.available for c in candidates):
@@ -521,6 +611,8 @@ class Router:
             raise self._unattainable(decision, names, slo, prompt_ids, output_tokens)
         assert isinstance(decision, Route)
         self.routed[decision.model] = self.routed.get(decision.model, 0) + 1
+        if slo_name in self.recent:
+            self.recent[slo_name].append((len(prompt_ids), cached[decision.model], output_tokens))
         held = predictions[decision.model]
         return decision.model, RouteInfo(
             slo=slo_name,
@@ -530,6 +622,76 @@ class Router:
             ttft_objective=slo.ttft_s,
             hold_s=decision.hold_s,
         )
+
+    def reference(self, cls: str) -> tuple[int, int, int] | None:
+        """The request of reserved class `cls` an engine is kept ready for: the upper quartile
+        of its recent ones by uncached prompt tokens (None before any)."""
+        recent = sorted(self.recent[cls], key=lambda r: r[0] - r[1])
+        return recent[(3 * (len(recent) - 1)) // 4] if recent else None
+
+    def ready(self, lane: Lane, cls: str, reference: tuple[int, int, int]) -> bool:
+        """Whether a request like `reference` of class `cls` would meet its objectives on `lane`."""
+        prompt, cached, output = reference
+        slo = slo_of(cls, self.settings.classes[cls], self.settings.headroom)
+        return not slo.misses(lane.predict_tokens(prompt, cached, output), output)
+
+    def reserve(self, flight: Flight, slo_name: str) -> Reserve:
+        """What sending `flight` (of class `slo_name`, not yet on its lane) now would take from
+        the classes with `reserve_slots`, kept for them because their objectives are tight and
+        lenient work can wait (docs/routing.md):
+
+        - slots: it would leave fewer than that many of its engine's free. Held until the
+          first request running there is predicted done.
+        - the last engine ready: every engine where a request like the class's recent ones
+          meets its objectives now (`ready`) would be one no longer. Held until the prompts on
+          another engine have prefilled; when it cannot wait that long and the class's
+          requests expected meanwhile number at least one, turned away. No hold when waiting
+          cannot help: no engine is ready now, or all are (none other will become ready).
+        """
+        lane = flight.lane
+        reserved = [c for c in self.recent if c != slo_name]
+        if not reserved:
+            return Reserve()
+        keep = min(lane.slots - 1, max(self.settings.classes[c].reserve_slots for c in reserved))
+        here = [f for f in lane.ahead() if f is not flight]
+        if lane.slots - len(here) - 1 < keep:
+            step = lane.step_s(max(1, lane.running()), 0)
+            frees = min((f.remaining_s(step) for f in here if f.admitted_at is not None), default=0.0)
+            return Reserve(max(MIN_HOLD_S, frees), f"to keep {keep} slot{'s' * (keep > 1)} free for {reserved[0]}")
+        lanes = list(self.lanes.values())
+        for cls in reserved:
+            reference = self.reference(cls)
+            if reference is None:
+                continue
+            ready = [x for x in lanes if self.ready(x, cls, reference)]
+            if not ready or len(ready) == len(lanes) or any(x is not lane and x not in lane.mates for x in ready):
+                continue  # nothing to keep, nothing to wait for, or one it does not slow stays ready
+            with lane.placed(flight):
+                if any(self.ready(x, cls, reference) for x in ready):
+                    continue
+                # It keeps its engine from them until it has prefilled.
+                blocks_s = lane.predict_tokens(flight.prompt_tokens, flight.cached_tokens, flight.output_tokens).ttft_s
+            wait = max(MIN_HOLD_S, min(stretch(x.prefill_all_s(), x.mates_busy_s()) for x in lanes if x not in ready))
+            return Reserve(wait, f"to keep an engine ready for {cls}", self.rate(cls) * min(wait, blocks_s))
+        return Reserve()
+
+    def rate(self, cls: str) -> float:
+        """Recent arrivals of class `cls` per second (engine clock; 0 before two)."""
+        times = self.arrivals[cls]
+        return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+
+    def _reserve_again(self, flight: Flight, slo: Slo) -> float:
+        """At the end of `flight`'s hold: seconds more to hold it so as not to take a reserved
+        class's capacity, while it can still meet its own objectives after waiting."""
+        lane = flight.lane
+        with lane.lifted(flight):
+            wait = self.reserve(flight, slo.name).wait_s
+            if not wait:
+                return 0.0
+            own = lane.predict_tokens(flight.prompt_tokens, lane.cached_tokens(flight.keys), flight.output_tokens)
+        waited = lane.clock() - flight.routed_at
+        later = Prediction(waited + wait + own.ttft_s, own.tpot_s)
+        return 0.0 if slo.misses(later, flight.output_tokens) else wait
 
     def _unattainable(
         self, no: NoRoute, names: Sequence[str], slo: Slo, prompt_ids: Sequence[int], output_tokens: int
@@ -577,6 +739,9 @@ class Router:
             not_before=now + (0.0 if route is None else route.hold_s),
             ttft_due=None if route is None or route.ttft_objective is None else now + route.ttft_objective,
         )
+        if route is not None and any(cls != route.slo for cls in self.recent):
+            slo = slo_of(route.slo, self.settings.classes[route.slo], self.settings.headroom)
+            flight.reserve = lambda f: self._reserve_again(f, slo)
         lane.add(flight)
         return flight
 

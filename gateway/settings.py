@@ -284,6 +284,11 @@ class SloClass(_Model):
     # (the soonest done). Long lenient work on the slow models holds a box for tens of
     # seconds that interactive requests then miss: see docs/routing.md.
     prefer: RouteStrategy = "best"
+    # Capacity kept for this class (tight objectives) from the others (which can wait): a
+    # request of another class that would leave fewer than this many slots free on its
+    # engine, or take the last engine where one of these would meet its objectives, is held
+    # while it can still meet its own. 0: none. See docs/routing.md.
+    reserve_slots: int = Field(0, ge=0)
 
 
 DEFAULT_ALIASES: dict[str, AliasStrategy] = {"auto": "class", "best": "best", "fast": "fast"}

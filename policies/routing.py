@@ -56,21 +56,49 @@ class Candidate:
     # meet its objective) sending it here would take: >= 1 harms. `fast` passes over a
     # candidate that would take more than CROWDING of it when another would not.
     crowding: float = 0.0
+    # Seconds to hold it so as not to take a reserved SLO class's capacity here (0: it takes
+    # none) and what holding keeps. Unlike a harm, a wish: a request that cannot wait that
+    # long is sent now, unless that costs at least one request of that class
+    # (`reserve_costs`, expected): then it misses here.
+    reserve_s: float = 0.0
+    reserve_why: str = ""
+    reserve_costs: float = 0.0
 
     def hold(self, slo: Slo, output_tokens: int) -> float | None:
         """Seconds to hold the request before sending it here (0: none), or None: it misses."""
         if slo.misses(self.prediction, output_tokens):
             return None
-        if not self.harms:
-            return 0.0
-        if self.harm_clears_s is None:
-            return None
-        later = Prediction(self.prediction.ttft_s + self.harm_clears_s, self.prediction.tpot_s)
-        return None if slo.misses(later, output_tokens) else self.harm_clears_s
+        hold = 0.0
+        if self.harms:
+            if self.harm_clears_s is None or not self._can_wait(self.harm_clears_s, slo, output_tokens):
+                return None
+            hold = self.harm_clears_s
+        if self.reserve_s > hold:
+            if self._can_wait(self.reserve_s, slo, output_tokens):
+                hold = self.reserve_s
+            elif self._sheds(slo, output_tokens):
+                return None
+        return hold
+
+    def _can_wait(self, seconds: float, slo: Slo, output_tokens: int) -> bool:
+        later = Prediction(self.prediction.ttft_s + seconds, self.prediction.tpot_s)
+        return not slo.misses(later, output_tokens)
+
+    def _sheds(self, slo: Slo, output_tokens: int) -> bool:
+        return self.reserve_costs >= 1 and not self._can_wait(self.reserve_s, slo, output_tokens)
+
+    def hold_reason(self, hold_s: float) -> str:
+        if self.harms and hold_s == self.harm_clears_s:
+            return "not to stall running requests"
+        return f"{self.reserve_why} requests"
 
     def misses(self, slo: Slo, output_tokens: int) -> list[str]:
         out = slo.misses(self.prediction, output_tokens)
-        return [*out, self.harms] if self.harms else out
+        if self.harms:
+            out.append(self.harms)
+        if self._sheds(slo, output_tokens):
+            out.append(f"it cannot wait {self.reserve_s:.1f}s {self.reserve_why} requests")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +132,7 @@ def choose(
         mine = next((c for c in live if c.model == requested), None)
         hold = None if mine is None else mine.hold(slo, output_tokens)
         if mine is not None and hold is not None:
-            return _route(mine.model, f"requested; meets {slo.name}", hold)
+            return _route(mine, f"requested; meets {slo.name}", hold)
         if not allow_substitution:
             why = "unavailable" if mine is None else "; ".join(mine.misses(slo, output_tokens))
             return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
@@ -118,16 +146,16 @@ def choose(
         hold = c.hold(slo, output_tokens)
         if hold is not None:
             if not passed:
-                return _route(c.model, f"{strategy or 'substituted'}: meets {slo.name}", hold)
-            return _route(c.model, f"degraded from {', '.join(passed)}: predicted to miss {slo.name}", hold)
+                return _route(c, f"{strategy or 'substituted'}: meets {slo.name}", hold)
+            return _route(c, f"degraded from {', '.join(passed)}: predicted to miss {slo.name}", hold)
         passed.append(f"{c.model} ({'; '.join(c.misses(slo, output_tokens))})")
     return NoRoute(f"no model meets the {slo.name} objective: {', '.join(passed)}", _wait(live, slo))
 
 
-def _route(model: str, reason: str, hold_s: float) -> Route:
+def _route(c: Candidate, reason: str, hold_s: float) -> Route:
     if hold_s > 0:
-        reason += f" after a {hold_s:.1f}s hold (not to stall running requests)"
-    return Route(model, reason, hold_s)
+        reason += f" after a {hold_s:.1f}s hold ({c.hold_reason(hold_s)})"
+    return Route(c.model, reason, hold_s)
 
 
 def _wait(live: Sequence[Candidate], slo: Slo) -> float:

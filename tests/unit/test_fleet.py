@@ -195,3 +195,104 @@ def test_headroom_is_a_margin_to_prefer_not_a_reason_to_turn_away() -> None:
     assert info.ttft_objective == 2.0
     with pytest.raises(SloUnattainable, match=r"TTFT 2\.\d+s > 2s"):  # ~2.2 s: the objective itself is missed
         router.route("auto", ["dense"], ANONYMOUS, "interactive", range(6_000), 100, None)
+
+
+RESERVED = ROUTING.model_copy(
+    update={"classes": {**ROUTING.classes, "interactive": SloClass(ttft_s=2.0, tpot_s=0.06, reserve_slots=2)}}
+)
+
+
+def _one(routing: RoutingSettings = RESERVED) -> Fleet:
+    return Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), routing, "router")
+
+
+def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
+    fleet = _one()
+    router, clock = fleet.router, fleet.clock
+    assert router is not None and router.lanes["dense"].slots == 4
+    for _ in range(2):  # two summaries decoding: two of the four slots
+        s = router.fly("dense", range(10_000), 1_000, None, _route(60.0))
+        s.admitted()
+        s.tokens(1, 0)
+    model, info = router.route("auto", ["dense"], ANONYMOUS, "batch", range(8_000), 1_000, None)
+    # A third would leave one free: it waits until the first of them is predicted done.
+    assert model == "dense" and info.hold_s > 5.0
+    assert info.reason.endswith("(to keep 2 slots free for interactive requests)")
+    # A chat takes the slot.
+    _, chat = router.route("auto", ["dense"], ANONYMOUS, "interactive", range(1_000), 100, None)
+    assert chat.hold_s == 0.0
+    # Held, the summary defers: it is not ahead of the chat, nor does it count as work there.
+    held = router.fly("dense", range(8_000), 1_000, None, info)
+    lane = router.lanes["dense"]
+    assert held not in lane.ahead() and lane.prefill_all_s() == 0.0
+    # At its hold's end it is held again while the slots are still taken, and goes once one is free.
+    clock.now = held.not_before
+    assert held.hold_again() > 0.0
+    lane.flights[0].finish()
+    clock.now = held.not_before
+    assert held.hold_again() == 0.0
+    # Without a reserved class, nothing is held.
+    plain = _one(ROUTING)
+    assert plain.router is not None
+    for _ in range(3):
+        plain.router.fly("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
+    _, info = plain.router.route("auto", ["dense"], ANONYMOUS, "batch", range(8_000), 1_000, None)
+    assert info.hold_s == 0.0
+
+
+def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class() -> None:
+    fleet = Fleet(TWO_BOXES, RESERVED, "router")
+    router, clock = fleet.router, fleet.clock
+    assert router is not None
+    for t in (0.0, 1.0):  # what the chats look like, and how often they come
+        clock.now = t
+        name, info = router.route("auto", ["dense", "moe"], ANONYMOUS, "interactive", range(1_500), 100, None)
+        assert name == "dense"
+        router.fly(name, range(1_500), 100, None, info).finish()
+    assert router.reference("interactive") == (1_500, 0, 100) and router.rate("interactive") == 1.0
+    busy = router.fly("moe", range(60_000), 300, None, _route(60.0))  # a long prefill: no chat fits there
+    busy.admitted()
+    assert not router.ready(router.lanes["moe"], "interactive", (1_500, 0, 100))
+    # A document on the 27B would leave no engine for chats for as long as it prefills; it can
+    # wait until the 35B-A3B's prompt is in, and does.
+    name, info = router.route("dense", ["dense"], ANONYMOUS, "document", range(20_000), 300, None)
+    assert name == "dense" and info.hold_s > 5.0
+    assert info.reason.endswith("(to keep an engine ready for interactive requests)")
+    # One that cannot wait that long (~51 s of prefill) would cost more chats than itself:
+    # turned away.
+    with pytest.raises(SloUnattainable, match=r"cannot wait .* to keep an engine ready for interactive"):
+        router.route("dense", ["dense"], ANONYMOUS, "document", range(80_000), 300, None)
+    # Once the 35B-A3B is ready again, nothing is held.
+    busy.finish()
+    _, info = router.route("dense", ["dense"], ANONYMOUS, "document", range(20_000), 300, None)
+    assert info.hold_s == 0.0
+
+
+def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
+    pair = Placement(
+        "pair",
+        (
+            Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE),
+            Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B),
+        ),
+    )
+    fleet = Fleet(pair, ROUTING, "router")
+    router, clock = fleet.router, fleet.clock
+    assert router is not None
+    mate = router.lanes["moe"]
+    for start in (0.0, 20.0, 40.0):  # busy 10 s of every 20 for the last minute
+        clock.now = start
+        f = router.fly("moe", range(1_000), 10, None, _route(60.0))
+        clock.now = start + 10.0
+        f.finish()
+    clock.now = 60.0
+    duty, gap = mate.duty()
+    assert duty == pytest.approx(0.5) and gap == pytest.approx(10.0)
+    # Idle now: nothing for the first idle gap, then half of the time.
+    assert mate.busy_within(0.0, 5.0) == 0.0
+    assert mate.busy_within(0.0, 30.0) == pytest.approx(10.0)
+    # So a long prompt on the 27B is predicted slower than it would be on an idle box, a chat not.
+    lane = router.lanes["dense"]
+    alone = lane.latency.predict(prompt_tokens=40_000).ttft_s
+    assert lane.predict(range(40_000), 10, ()).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
+    assert lane.predict(range(1_000), 10, ()).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)

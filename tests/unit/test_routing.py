@@ -99,3 +99,42 @@ def test_fast_passes_over_a_candidate_that_would_crowd_a_running_request() -> No
     crowded = Candidate("flash-next", Prediction(20.0, 0.018), crowding=0.9)
     r = choose("fast", [crowded, quick], DOCUMENT, 300, aliases=ALIASES)
     assert isinstance(r, Route) and r.model == "qwen3.6-35b-a3b"
+
+
+def test_a_request_that_can_wait_is_held_so_as_not_to_take_a_reserved_class_s_capacity() -> None:
+    keeping = Candidate(
+        "qwen3.6-35b-a3b", Prediction(20.0, 0.006), reserve_s=10.0, reserve_why="to keep 2 slots free for interactive"
+    )
+    r = choose("fast", [keeping], DOCUMENT, 300, aliases=ALIASES)
+    assert r == Route(
+        "qwen3.6-35b-a3b",
+        "fast: meets document after a 10.0s hold (to keep 2 slots free for interactive requests)",
+        hold_s=10.0,
+    )
+    # A harm that clears later than the reserve sets the hold, and the reason.
+    both = Candidate(
+        "qwen3.6-35b-a3b",
+        Prediction(20.0, 0.006),
+        harms="it would push 1 running request past",
+        harm_clears_s=12.0,
+        reserve_s=10.0,
+        reserve_why="to keep 2 slots free for interactive",
+    )
+    r = choose("fast", [both], DOCUMENT, 300, aliases=ALIASES)
+    assert isinstance(r, Route) and r.hold_s == 12.0 and r.reason.endswith("(not to stall running requests)")
+
+
+def test_a_request_that_cannot_wait_for_the_reserve_is_sent_unless_that_costs_the_class_more() -> None:
+    def late(costs: float) -> Candidate:  # 52 s + 10 s of waiting misses the 60 s objective
+        return Candidate(
+            "qwen3.8-27b",
+            Prediction(52.0, 0.013),
+            reserve_s=10.0,
+            reserve_why="to keep an engine ready for interactive",
+            reserve_costs=costs,
+        )
+
+    assert choose("auto", [late(0.4)], DOCUMENT, 300, aliases=ALIASES) == Route("qwen3.8-27b", "best: meets document")
+    r = choose("auto", [late(1.5)], DOCUMENT, 300, aliases=ALIASES)
+    assert isinstance(r, NoRoute)
+    assert "it cannot wait 10.0s to keep an engine ready for interactive requests" in r.reason
