@@ -13,8 +13,10 @@ a new request is then:
 
 and a check that its prefill would not push a running request past its TPOT objective,
 nor (where the engine caps prefill chunks) one still to prefill past its TTFT objective
-(if it would, a request that can wait is held back until that one is done). See
-docs/routing.md. Times come from each engine's own clock (`Engine.clock()`): a simulated
+(if it would, a request that can wait is held back until that one is done). Where an SLO
+class has `reserve_slots`, a request of another class that can wait is also held while
+sending it would leave fewer slots free, or no engine ready for that class (`Router.reserve`).
+See docs/routing.md. Times come from each engine's own clock (`Engine.clock()`): a simulated
 engine runs faster than the wall clock, and its SLOs are in its seconds.
 """
 
@@ -220,11 +222,8 @@ class Lane:
         return sum(1 for f in self.flights if f.admitted_at is not None)
 
     @contextlib.contextmanager
-    def placed(self, flight: Flight | None) -> Iterator[None]:
-        """Predict as if `flight` were queued here (None: as things are); busy spans untouched."""
-        if flight is None:
-            yield
-            return
+    def placed(self, flight: Flight) -> Iterator[None]:
+        """Predict as if `flight` were queued here; busy spans untouched."""
         self.flights.append(flight)
         try:
             yield
