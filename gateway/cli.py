@@ -147,7 +147,8 @@ def plan(
     mix: Annotated[str | None, typer.Option(help="Workload shares, e.g. chat=0.7,document=0.1,summary=0.2")] = None,
     target: Annotated[float, typer.Option(help="SLO attainment a placement must keep")] = 0.95,
     per_user: Annotated[float, typer.Option(help="Requests per user per minute, for the users column")] = 1.0,
-    duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals per load")] = 1200.0,
+    duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals per load and seed")] = 600.0,
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per load (seeds 1..N), pooled")] = 3,
     max_rate: Annotated[float, typer.Option(help="Highest load tried, requests/s")] = 1.0,
     step: Annotated[float, typer.Option(help="Load step, requests/s")] = 0.05,
     out: Annotated[Path, typer.Option(help="The HTML page with the plot")] = Path("plan.html"),
@@ -182,7 +183,9 @@ def plan(
     rates = [round(step * i, 4) for i in range(1, int(max_rate / step + 1e-9) + 1)]
     rows = []
     for placement in planner.placements(settings.models, boxes):
-        row = planner.sustain(placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration)
+        row = planner.sustain(
+            placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration, seeds=seeds
+        )
         typer.echo(f"  {placement.name}: {row.sustained_rps:.2f} req/s", err=True)
         rows.append(row)
     typer.echo("\n".join(planner.table(rows, target, per_user)))

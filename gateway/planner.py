@@ -83,14 +83,17 @@ def sustain(
     target: float,
     rates: Sequence[float],
     duration_s: float,
-    seed: int = 1,
+    seeds: int = 1,
 ) -> PlanRow:
-    """Attainment at rising load until it falls below `target` twice in a row."""
+    """Attainment at rising load (`seeds` runs of each, pooled: one run's bursts decide too
+    much) until it falls below `target` twice in a row."""
     curve: list[Summary] = []
     best = 0.0
     below = 0
     for rate in rates:
-        s = simulate(placement, routing, "router", kinds, rate, duration_s, seed=seed)
+        s = Summary.pool(
+            [simulate(placement, routing, "router", kinds, rate, duration_s, seed=n) for n in range(1, seeds + 1)]
+        )
         curve.append(s)
         if s.attainment >= target:
             best, below = rate, 0

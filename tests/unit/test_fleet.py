@@ -44,6 +44,14 @@ TWO_BOXES = Placement(
         Deployed("moe", "Qwen3.6-35B-A3B", "box-2", 65.0, quality=25, latency=A3B),
     ),
 )
+# Two engines sharing one box's bandwidth.
+ONE_BOX = Placement(
+    "pair",
+    (
+        Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE),
+        Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B),
+    ),
+)
 CHAT = RequestKind("chat", 1.0, (1_000, 2_000), 100, "interactive", shared_prefix=500)
 
 
@@ -107,14 +115,7 @@ def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> N
 
 
 def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
-    pair = Placement(
-        "pair",
-        (
-            Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE),
-            Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B),
-        ),
-    )
-    fleet = Fleet(pair, ROUTING, "router")
+    fleet = Fleet(ONE_BOX, ROUTING, "router")
     router, clock = fleet.router, fleet.clock
     assert router is not None
     lane = router.lanes["dense"]
@@ -269,14 +270,7 @@ def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class
 
 
 def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
-    pair = Placement(
-        "pair",
-        (
-            Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE),
-            Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B),
-        ),
-    )
-    fleet = Fleet(pair, ROUTING, "router")
+    fleet = Fleet(ONE_BOX, ROUTING, "router")
     router, clock = fleet.router, fleet.clock
     assert router is not None
     mate = router.lanes["moe"]
