@@ -561,6 +561,7 @@ class Router:
         predictions: dict[str, Prediction] = {}
         candidates = []
         cached: dict[str, int] = {}
+        ready: dict[str, list[Lane]] = {}  # per reserved class, the engines ready for it now: once for all candidates
         for n in names:
             lane = self.lanes[n]
             keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
@@ -568,7 +569,7 @@ class Router:
             predictions[n] = lane.predict(prompt_ids, output_tokens, keys)
             harm = lane.harms(len(prompt_ids), keys)
             trial = Flight(lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), cached_tokens=cached[n])
-            reserve = self.reserve(trial, slo_name)
+            reserve = self.reserve(trial, slo_name, ready)
             candidates.append(
                 Candidate(
                     n,
@@ -634,7 +635,7 @@ class Router:
         slo = slo_of(cls, self.settings.classes[cls], self.settings.headroom)
         return not slo.misses(lane.predict_tokens(prompt, cached, output), output)
 
-    def reserve(self, flight: Flight, slo_name: str) -> Reserve:
+    def reserve(self, flight: Flight, slo_name: str, ready_now: dict[str, list[Lane]] | None = None) -> Reserve:
         """What sending `flight` (of class `slo_name`, not yet on its lane) now would take from
         the classes with `reserve_slots`, kept for them because their objectives are tight and
         lenient work can wait (docs/routing.md):
@@ -646,13 +647,17 @@ class Router:
           another engine have prefilled; when it cannot wait that long and the class's
           requests expected meanwhile number at least one, turned away. No hold when waiting
           cannot help: no engine is ready now, or all are (none other will become ready).
+
+        `ready_now` keeps, per reserved class, the engines ready for it, for the next call
+        on the same state (the other candidates of one request).
         """
         lane = flight.lane
+        ready_now = {} if ready_now is None else ready_now
         reserved = [c for c in self.recent if c != slo_name]
         if not reserved:
             return Reserve()
         keep = min(lane.slots - 1, max(self.settings.classes[c].reserve_slots for c in reserved))
-        here = [f for f in lane.ahead() if f is not flight]
+        here = lane.ahead()  # (`flight` is not on its lane yet, or lifted off it)
         if lane.slots - len(here) - 1 < keep:
             step = lane.step_s(max(1, lane.running()), 0)
             frees = min((f.remaining_s(step) for f in here if f.admitted_at is not None), default=0.0)
@@ -662,7 +667,9 @@ class Router:
             reference = self.reference(cls)
             if reference is None:
                 continue
-            ready = [x for x in lanes if self.ready(x, cls, reference)]
+            if cls not in ready_now:
+                ready_now[cls] = [x for x in lanes if self.ready(x, cls, reference)]
+            ready = ready_now[cls]
             if not ready or len(ready) == len(lanes) or any(x is not lane and x not in lane.mates for x in ready):
                 continue  # nothing to keep, nothing to wait for, or one it does not slow stays ready
             with lane.placed(flight):
