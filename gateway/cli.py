@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -67,9 +68,10 @@ def _run(
     from gateway import runtime_env
 
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
-    runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
     logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
+    sock = _bind(server.host, server.port)
+    config = uvicorn.Config(
         app_factory(settings),
         host=server.host,
         port=server.port,
@@ -78,6 +80,25 @@ def _run(
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
     )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's port, bound before any engine starts (it listens once they are up).
+
+    uvicorn binds only after the app's startup, minutes of weight loading on a Spark: a port
+    already in use would be found only then, and meanwhile the engines' own sockets and
+    connections may take the free port from the ephemeral range."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        typer.echo(f"sparkgate: cannot serve on {host}:{port}: {e.strerror or e}", err=True)
+        raise typer.Exit(2) from None
+    logging.getLogger("sparkgate").info("serving on http://%s:%d once the engines are up", host, sock.getsockname()[1])
+    return sock
 
 
 @app.command()

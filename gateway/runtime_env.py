@@ -3,8 +3,17 @@ and never reach for a hub: set before vllm is imported."""
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# vLLM names an engine's IPC sockets <VLLM_RPC_BASE_PATH>/<uuid4>, and a Unix socket's path
+# holds at most 107 bytes: a cache in a deep directory would fail every engine's start.
+_SUN_PATH_MAX = 107
+_IPC_NAME_LEN = 1 + 36
 
 
 def configure(cache_dir: str | Path) -> None:
@@ -22,6 +31,11 @@ def configure(cache_dir: str | Path) -> None:
     for key, default in defaults.items():
         # A directory given in the environment must exist too (vLLM's IPC path does not create it).
         path = Path(os.environ.get(key) or default)
+        if key == "VLLM_RPC_BASE_PATH" and len(str(path)) + _IPC_NAME_LEN > _SUN_PATH_MAX:
+            short = Path(tempfile.gettempdir()) / f"sparkgate-rpc-{os.getuid()}"
+            log.warning("IPC directory %s is too long for a socket path; using %s", path, short)
+            path = short
+            path.mkdir(mode=0o700, exist_ok=True)
         path.mkdir(parents=True, exist_ok=True)
         os.environ[key] = str(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

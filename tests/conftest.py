@@ -33,6 +33,30 @@ DENSE_MAX_LEN = 32768  # long enough that an un-aborted request would run for ov
 MESSAGES_SHORT = [{"role": "user", "content": "hi"}]
 
 
+# Each distinct failure, in full, for CI to print last: its output keeps only the tail, where
+# a failed fixture (e.g. a server that did not start, with its log) would otherwise be lost.
+FAILURES = ROOT / ".cache" / "test-failures.txt"
+_seen_failures: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    FAILURES.parent.mkdir(parents=True, exist_ok=True)
+    FAILURES.write_text("")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not report.failed:
+        return
+    text = report.longreprtext
+    key = text[-2000:]  # one fixture's error repeats for every test that uses it
+    with FAILURES.open("a") as f:
+        if key in _seen_failures:
+            f.write(f"{report.when} of {report.nodeid}: failed as above\n")
+            return
+        _seen_failures.add(key)
+        f.write(f"==== {report.when} of {report.nodeid}\n{text[-8000:]}\n")
+
+
 # One pooled client: polling with a new client per call costs the test process
 # CPU it may not get while the engines spin on both cores.
 _STATS_CLIENT = httpx.Client(timeout=30)

@@ -1,8 +1,9 @@
-"""`sparkgate serve` refuses a memory plan that does not fit, naming the numbers, before any engine starts."""
+"""`sparkgate serve` refuses a memory plan that does not fit, or a port in use, naming why, before any engine starts."""
 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,29 @@ def test_serve_refuses_a_box_that_cannot_hold_the_models(tmp_path: Path) -> None
     assert "do not fit in the box's memory" in r.stderr
     assert "qwen3.8-flash-next: weights 85.00 GiB" in r.stderr and "25.00 GiB more than the box has" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_serve_refuses_a_port_in_use_before_starting_engines(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = {
+            "server": {"host": "127.0.0.1", "port": port},
+            "models": [{"name": "tiny", "path": str(ROOT / "models/tiny-qwen3"), "max_model_len": 512}],
+        }
+        path = tmp_path / "taken.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert r.returncode == 2, r.stderr
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert "Traceback" not in r.stderr and "EngineCore" not in r.stderr and "Waiting for application" not in r.stderr
 
 
 def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
