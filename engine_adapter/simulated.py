@@ -39,7 +39,7 @@ from engine_adapter.base import (
     TokenLogprob,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
-from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, BoxSpec, RequestEvent, SimConfig
+from engine_adapter.spark_box import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, RequestEvent, SimConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class SimEngineConfig:
     speedup: float = 1.0  # simulated seconds per wall second
     max_model_len: int = 262144
     max_num_seqs: int = 4
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int = STEP_TOKENS
     long_prefill_token_threshold: int = 0
     kv_cache_bytes: int | None = None  # default: the model's KV budget on the box
     enable_prefix_caching: bool = True

@@ -535,10 +535,14 @@ class _Request:
         return self.computed < self.prompt_len
 
 
+# A simulated engine's scheduler budget per step (its prefill chunk) when its config sets none.
+STEP_TOKENS = 4096
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
     max_num_seqs: int = 4
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int = STEP_TOKENS
     max_model_len: int = 262144
     kv_cache_bytes: int | None = None  # default: the model's KV budget
     enable_prefix_caching: bool = True

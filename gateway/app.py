@@ -67,6 +67,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
 
 def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
     from engine_adapter.simulated import SimEngineConfig, SimulatedEngine
+    from engine_adapter.spark_box import STEP_TOKENS
 
     assert model.simulated is not None  # settings validation guarantees it
     return SimulatedEngine(
@@ -77,7 +78,7 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             speedup=model.simulated.speedup,
             max_model_len=model.max_model_len,
             max_num_seqs=model.max_num_seqs,
-            max_num_batched_tokens=model.max_num_batched_tokens or 4096,
+            max_num_batched_tokens=model.max_num_batched_tokens or STEP_TOKENS,
             long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from engine_adapter.base import Engine, KVSpec
-from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, GiB, SimConfig, StepResult
+from engine_adapter.spark_box import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, GiB, SimConfig, StepResult
 from gateway.auth import ANONYMOUS
 from gateway.errors import SloUnattainable
 from gateway.registry import ServedModel
@@ -45,7 +45,7 @@ class Deployed:
     kv_gib: float
     quality: float = 0.0
     latency: LatencyProfile = field(default_factory=LatencyProfile)
-    max_num_batched_tokens: int = 4096  # the engine's scheduler, as configured
+    max_num_batched_tokens: int = STEP_TOKENS  # the engine's scheduler, as configured
     long_prefill_token_threshold: int = 0
 
     @staticmethod
@@ -61,7 +61,7 @@ class Deployed:
             kv,
             m.quality,
             m.latency,
-            max_num_batched_tokens=m.max_num_batched_tokens or 4096,
+            max_num_batched_tokens=m.max_num_batched_tokens or STEP_TOKENS,
             long_prefill_token_threshold=m.long_prefill_token_threshold,
         )
 

@@ -413,6 +413,7 @@ class Settings(BaseSettings):
             if clash:
                 raise ValueError(f"routing.aliases {clash} are also model names")
             classes = [k.slo_class for k in self.auth.keys] + [t.defaults.slo_class for t in self.quotas.teams]
+            classes.append(self.quotas.defaults.slo_class)
             unknown_classes = sorted({c for c in classes if c is not None and c not in self.routing.classes})
             if unknown_classes:
                 raise ValueError(f"slo_class {unknown_classes} not in routing.classes")

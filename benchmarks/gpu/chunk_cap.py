@@ -16,57 +16,38 @@ one line per measurement: wall-clock TTFTs on the H200 (not the Spark's: the rat
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-SHAPES = Path(__file__).resolve().parent / "shapes"
+from dummy_engine import dummy_engine, main, prompt_ids
+
 CASES = {"cap": 2096, "no-cap": 0}
 LONG, CHAT = 32_768, 1_500
 
 
-def run_case(name: str, out: Path) -> dict[str, Any]:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import EngineArgs, SamplingParams
+def run_case(name: str, out: Path) -> bool:
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.v1.engine.llm_engine import LLMEngine
 
-    mdir = Path("/tmp/models/chunk-cap")
-    mdir.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((SHAPES / "qwen3.6-35b-a3b.config.json").read_text())
-    (mdir / "config.json").write_text(json.dumps(cfg))
-    vocab = cfg.get("text_config", cfg)["vocab_size"]
-    t0 = time.monotonic()
     extra = {"long_prefill_token_threshold": CASES[name]} if CASES[name] else {}
-    engine = LLMEngine.from_engine_args(
-        EngineArgs(
-            model=str(mdir),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            kv_cache_dtype="fp8",
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            max_num_seqs=4,
-            max_num_batched_tokens=4096,
-            max_model_len=65536,
-            kv_cache_memory_bytes=8 * 1024**3,
-            language_model_only=True,
-            gdn_prefill_backend="triton",
-            seed=0,
-            **extra,
-        )
+    engine, vocab, startup_s = dummy_engine(
+        "chunk-cap",
+        "qwen3.6-35b-a3b.config.json",
+        kv_cache_dtype="fp8",
+        max_num_seqs=4,
+        max_num_batched_tokens=4096,
+        max_model_len=65536,
+        kv_cache_memory_bytes=8 * 1024**3,
+        **extra,
     )
     sc = engine.vllm_config.scheduler_config
     res: dict[str, Any] = {
         "case": name,
-        "startup_s": round(time.monotonic() - t0, 1),
+        "startup_s": startup_s,
         "block_size": engine.vllm_config.cache_config.block_size,
         "max_num_batched_tokens": sc.max_num_batched_tokens,
         "long_prefill_token_threshold": sc.long_prefill_token_threshold,
@@ -76,7 +57,7 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
     core = engine.engine_core.engine_core
 
     def prompt(n: int) -> TokensPrompt:
-        return TokensPrompt(prompt_token_ids=[rng.randrange(1000, vocab - 1000) for _ in range(n)])
+        return TokensPrompt(prompt_token_ids=prompt_ids(rng, n, vocab))
 
     def run(requests: list[tuple[str, int, int]]) -> dict[str, float]:
         """(id, prompt tokens, step to add it at): each one's TTFT from when it was added."""
@@ -105,23 +86,8 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
         print(f"[{name}] {k}: {res[k]}", flush=True)
     print(f"[{name}] chat beside the long prefill: TTFT {both['chat']} s; the long one's: {both['long']} s", flush=True)
     (out / f"chunk_cap_{name}.json").write_text(json.dumps(res, indent=1))
-    return res
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--case", choices=list(CASES))
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    if a.case:
-        run_case(a.case, a.out)
-        return 0
-    rc = 0
-    for name in CASES:  # one engine per process: a clean GPU for each
-        rc |= subprocess.call([sys.executable, __file__, str(a.out), "--case", name])
-    return rc
+    return True
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main(CASES, run_case, __file__))

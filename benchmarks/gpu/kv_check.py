@@ -13,18 +13,15 @@ pool can be read. Writes OUT_DIR/kv_check_NAME.json per case and prints one line
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from dummy_engine import dummy_engine, main, prompt_ids
+
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = Path(__file__).resolve().parent / "shapes"
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3.6-35b-a3b": ("qwen3.6-35b-a3b.config.json", {}),
     # FP8 KV doubles the stretched block (2096 tokens); align mode needs chunks at least that long.
@@ -35,41 +32,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 REQUESTS = [(100, 30), (1056, 1), (1057, 1), (2113, 64), (4300, 64)]
 
 
-def run_case(name: str, out: Path) -> dict[str, Any]:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def run_case(name: str, out: Path) -> bool:
     sys.path.insert(0, str(ROOT))
-    from vllm import EngineArgs, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.v1.engine.llm_engine import LLMEngine
 
     from engine_adapter.vllm_local import kv_spec_from_config
     from policies.kv import footprint
 
     shape, extra = CASES[name]
-    mdir = Path("/tmp/models") / name
-    mdir.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((SHAPES / shape).read_text())
-    (mdir / "config.json").write_text(json.dumps(cfg))
-    vocab = cfg.get("text_config", cfg)["vocab_size"]
-    t0 = time.monotonic()
-    engine = LLMEngine.from_engine_args(
-        EngineArgs(
-            model=str(mdir),
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            max_num_seqs=8,
-            max_model_len=16384,
-            kv_cache_memory_bytes=4 * 1024**3,
-            language_model_only=True,
-            gdn_prefill_backend="triton",
-            seed=0,
-            **extra,
-        )
+    engine, vocab, startup_s = dummy_engine(
+        name, shape, max_num_seqs=8, max_model_len=16384, kv_cache_memory_bytes=4 * 1024**3, **extra
     )
-    res: dict[str, Any] = {"case": name, "startup_s": round(time.monotonic() - t0, 1), "checks": []}
+    res: dict[str, Any] = {"case": name, "startup_s": startup_s, "checks": []}
     spec = kv_spec_from_config(engine.vllm_config)
     core = engine.engine_core.engine_core
     sched = core.scheduler
@@ -120,7 +95,7 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
     rng = random.Random(7)
     for i, (p, m) in enumerate(REQUESTS):
         mgr.reset_prefix_cache()
-        ids = [rng.randrange(1000, vocab - 1000) for _ in range(p)]
+        ids = prompt_ids(rng, p, vocab)
         peak[0] = 0
         params = SamplingParams(max_tokens=m, ignore_eos=True, detokenize=False, temperature=0.0)
         engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=ids), params)
@@ -131,22 +106,8 @@ def run_case(name: str, out: Path) -> dict[str, Any]:
         check(f"P={p} M={m} peak pool blocks <= footprint", peak[0], footprint(spec, ids, m).blocks, bound=True)
     res["ok"] = all(c["ok"] for c in res["checks"])
     (out / f"kv_check_{name}.json").write_text(json.dumps(res, indent=1, default=str))
-    return res
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--case", choices=list(CASES))
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    if a.case:
-        return 0 if run_case(a.case, a.out)["ok"] else 1
-    rc = 0
-    for name in CASES:  # one engine per process: a GPU engine does not free all memory on shutdown
-        rc |= subprocess.run([sys.executable, __file__, str(a.out), "--case", name]).returncode
-    return rc
+    return bool(res["ok"])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(CASES, run_case, __file__))

@@ -82,6 +82,13 @@ async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONRespons
         unknown = [m for m in body.limits.allowed_models if m not in names]
         if unknown:
             raise InvalidRequest(f"Unknown models: {', '.join(unknown)}.", param="limits.allowed_models")
+    routing, slo = state.settings.routing, body.limits.slo_class
+    if routing.enabled and slo is not None and slo not in routing.classes:
+        raise InvalidRequest(
+            f"Unknown SLO class {slo!r}; use one of: {', '.join(routing.classes)}.",
+            param="limits.slo_class",
+            code="invalid_slo_class",
+        )
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     record = KeyRecord(
         id="key_" + secrets.token_hex(8),

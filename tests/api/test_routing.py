@@ -22,6 +22,7 @@ from tests.conftest import MODELS, ROOT, Server, free_port, launch
 
 KEY = "sk-route-user"
 SUBSTITUTE_KEY = "sk-route-flexible"
+ADMIN_KEY = "sk-route-admin"
 SNAPPY_TPOT_S = 0.05  # between the two engines' real decode speeds, with a margin either way
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 
@@ -56,6 +57,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 {"name": "user", "sha256": hash_key(KEY)},
                 {"name": "flexible", "sha256": hash_key(SUBSTITUTE_KEY), "allow_substitution": True},
             ],
+            "admin_keys": [{"name": "ops", "sha256": hash_key(ADMIN_KEY)}],
         },
         "routing": {
             "enabled": True,
@@ -144,3 +146,19 @@ def test_routing_aliases_are_listed_as_models(gateway: Server) -> None:
     assert [m.id for m in models.data] == ["quick", "deep", "auto", "best", "fast"]
     with pytest.raises(openai.NotFoundError):
         ask(gateway, "no-such-model")
+
+
+def test_a_key_created_with_a_class_uses_it_and_an_unknown_class_is_refused(gateway: Server) -> None:
+    def create(slo_class: str) -> httpx.Response:
+        body = {"user": "dana", "limits": {"slo_class": slo_class}}
+        auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        return httpx.post(f"{gateway.base_url}/sparkgate/admin/keys", json=body, headers=auth, timeout=30)
+
+    typo = create("relaxd")
+    assert typo.status_code == 400, typo.text
+    error = typo.json()["error"]
+    assert error["code"] == "invalid_slo_class" and error["param"] == "limits.slo_class"
+    assert error["message"] == "Unknown SLO class 'relaxd'; use one of: relaxed, snappy."
+    made = create("relaxed")
+    assert made.status_code == 201, made.text
+    assert ask(gateway, "auto", key=made.json()["key"]).headers["x-sparkgate-slo"] == "relaxed"

@@ -13,6 +13,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def sparkgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_serve_refuses_a_box_that_cannot_hold_the_models(tmp_path: Path) -> None:
     cfg = {
         "box": {"memory": "128GiB", "reserved": "26GiB"},
@@ -24,13 +30,7 @@ def test_serve_refuses_a_box_that_cannot_hold_the_models(tmp_path: Path) -> None
     }
     path = tmp_path / "box.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = sparkgate("serve", "--config", str(path))
     assert r.returncode == 2, r.stderr
     assert "do not fit in the box's memory" in r.stderr
     assert "qwen3.8-flash-next: weights 85.00 GiB" in r.stderr and "25.00 GiB more than the box has" in r.stderr
@@ -48,13 +48,7 @@ def test_serve_refuses_a_port_in_use_before_starting_engines(tmp_path: Path) -> 
         }
         path = tmp_path / "taken.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        r = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = sparkgate("serve", "--config", str(path))
     assert r.returncode == 2, r.stderr
     assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in r.stderr
     assert "Traceback" not in r.stderr and "EngineCore" not in r.stderr and "Waiting for application" not in r.stderr
@@ -63,13 +57,7 @@ def test_serve_refuses_a_port_in_use_before_starting_engines(tmp_path: Path) -> 
 def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
     out = tmp_path / "plan.html"
     args = ["plan", "--boxes", "1", "--duration", "60", "--max-rate", "0.1", "--step", "0.1", "--out", str(out)]
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args, "--mix", "chat=1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = sparkgate(*args, "--mix", "chat=1", timeout=120)
     assert r.returncode == 0, r.stderr
     table = r.stdout.splitlines()
     assert table[0].startswith("placement") and "req/s at 95%" in table[0]
@@ -84,11 +72,5 @@ def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
 
 
 def test_plan_rejects_an_unknown_workload_kind() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "plan", "--mix", "poetry=1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = sparkgate("plan", "--mix", "poetry=1")
     assert r.returncode == 2 and "unknown kinds ['poetry']" in r.stderr

@@ -50,6 +50,20 @@ def test_duplicate_model_names_rejected() -> None:
         Settings(models=(ModelSettings(name="a", path="x"), ModelSettings(name="b", path="y", aliases=("a",))))
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"auth": {"keys": [{"name": "k", "sha256": hash_key("sk-x"), "slo_class": "snapy"}]}},
+        {"quotas": {"teams": [{"name": "t", "defaults": {"slo_class": "snapy"}}]}},
+        {"quotas": {"defaults": {"slo_class": "snapy"}}},
+    ],
+)
+def test_an_unknown_slo_class_is_rejected(where: dict) -> None:  # type: ignore[type-arg]
+    routing = {"enabled": True, "classes": {"snappy": {"ttft_s": 2.0}}, "default_class": "snappy"}
+    with pytest.raises(ValidationError, match=r"slo_class \['snapy'\] not in routing\.classes"):
+        Settings(models=(ModelSettings(name="a", path="x"),), routing=routing, **where)  # type: ignore[arg-type]
+
+
 def test_unknown_keys_rejected() -> None:
     with pytest.raises(ValidationError):
         Settings(models=(ModelSettings(name="a", path="x"),), serverr={})  # type: ignore[call-arg]
