@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -80,7 +81,11 @@ def _run(
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server_ = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
+        server_.run(sockets=[sock])
+    if not server_.started:
+        raise typer.Exit(3)  # as uvicorn.run: stopped before serving (e.g. Ctrl-C while the engines load)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -200,6 +200,15 @@ class SimulatedSettings(_Model):
     model: str  # a key of engine_adapter.spark_box.MODELS
     speedup: float = Field(1.0, gt=0)  # simulated seconds per wall-clock second
 
+    @field_validator("model")
+    @classmethod
+    def _a_box_model(cls, v: str) -> str:
+        from engine_adapter.spark_box import MODELS
+
+        if v not in MODELS:
+            raise ValueError(f"unknown box model {v!r}; known: {', '.join(MODELS)}")
+        return v
+
 
 class RemoteSettings(_Model):
     """An engine on another box, served by `sparkgate engine-host` there (engine: remote)."""

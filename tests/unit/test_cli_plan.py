@@ -54,6 +54,26 @@ def test_serve_refuses_a_port_in_use_before_starting_engines(tmp_path: Path) -> 
     assert "Traceback" not in r.stderr and "EngineCore" not in r.stderr and "Waiting for application" not in r.stderr
 
 
+def test_serve_exits_3_when_startup_fails_and_frees_its_port(tmp_path: Path) -> None:
+    (tmp_path / "no-tokenizer").mkdir()
+    (tmp_path / "no-tokenizer" / "config.json").write_text("{}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = {"name": "m", "path": str(tmp_path / "no-tokenizer"), "engine": "simulated"}
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "cache_dir": str(tmp_path / "cache")},
+        "models": [model | {"simulated": {"model": "Qwen3.6-35B-A3B"}}],
+    }
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = sparkgate("serve", "--config", str(path))
+    assert r.returncode == 3, r.stderr  # the engine could not start: not a clean exit
+    assert "Application startup failed" in r.stderr
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))
+
+
 def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
     out = tmp_path / "plan.html"
     args = ["plan", "--boxes", "1", "--duration", "60", "--max-rate", "0.1", "--step", "0.1", "--out", str(out)]

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,12 @@ def test_an_unknown_slo_class_is_rejected(where: dict) -> None:  # type: ignore[
     routing = {"enabled": True, "classes": {"snappy": {"ttft_s": 2.0}}, "default_class": "snappy"}
     with pytest.raises(ValidationError, match=r"slo_class \['snapy'\] not in routing\.classes"):
         Settings(models=(ModelSettings(name="a", path="x"),), routing=routing, **where)  # type: ignore[arg-type]
+
+
+def test_an_unknown_box_model_is_rejected() -> None:
+    message = "unknown box model 'qwen3.6-35b-a3b'; known: Qwen3.6-35B-A3B, "
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ModelSettings(name="a", path="x", engine="simulated", simulated={"model": "qwen3.6-35b-a3b"})  # type: ignore[arg-type]
 
 
 def test_unknown_keys_rejected() -> None:
