@@ -266,9 +266,6 @@ class Lane:
             n += 1
         return n * self.served.engine.kv_spec.block_size
 
-    def predict(self, prompt_ids: Sequence[int], output_tokens: int, keys: Sequence[Hashable]) -> Prediction:
-        return self.predict_tokens(len(prompt_ids), self.cached_tokens(keys), output_tokens)
-
     def predict_tokens(self, prompt_tokens: int, cached: int, output_tokens: int) -> Prediction:
         here = self.ahead()
         running = [f for f in here if f.admitted_at is not None]
@@ -484,6 +481,13 @@ def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
     return Slo(name=name, ttft_s=scaled(cls.ttft_s), tpot_s=scaled(cls.tpot_s), deadline_s=scaled(cls.deadline_s))
 
 
+def unknown_slo_class(settings: RoutingSettings, name: str, param: str | None = None) -> InvalidRequest:
+    """The client's error for an SLO class `settings` does not have (a header, a key's limit)."""
+    return InvalidRequest(
+        f"Unknown SLO class {name!r}; use one of: {', '.join(settings.classes)}.", param=param, code="invalid_slo_class"
+    )
+
+
 class Router:
     """Picks each request's model by its SLO class and the load right now."""
 
@@ -539,9 +543,7 @@ class Router:
         name = (header or "").strip().lower() or principal.limits.slo_class or self.settings.default_class
         cls = self.settings.classes.get(name)
         if cls is None:
-            raise InvalidRequest(
-                f"Unknown SLO class {name!r}; use one of: {', '.join(self.settings.classes)}.", code="invalid_slo_class"
-            )
+            raise unknown_slo_class(self.settings, name)
         return name, slo_of(name, cls, self.settings.headroom)
 
     def route(
@@ -566,7 +568,7 @@ class Router:
             lane = self.lanes[n]
             keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
             cached[n] = lane.cached_tokens(keys)
-            predictions[n] = lane.predict(prompt_ids, output_tokens, keys)
+            predictions[n] = lane.predict_tokens(len(prompt_ids), cached[n], output_tokens)
             harm = lane.harms(len(prompt_ids), keys)
             trial = Flight(lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), cached_tokens=cached[n])
             reserve = self.reserve(trial, slo_name, ready)

@@ -31,12 +31,12 @@ def configure(cache_dir: str | Path) -> None:
     for key, default in defaults.items():
         # A directory given in the environment must exist too (vLLM's IPC path does not create it).
         path = Path(os.environ.get(key) or default)
+        mode = 0o777  # (less the umask)
         if key == "VLLM_RPC_BASE_PATH" and len(str(path)) + _IPC_NAME_LEN > _SUN_PATH_MAX:
             short = Path(tempfile.gettempdir()) / f"sparkgate-rpc-{os.getuid()}"
             log.warning("IPC directory %s is too long for a socket path; using %s", path, short)
-            path = short
-            path.mkdir(mode=0o700, exist_ok=True)
-        path.mkdir(parents=True, exist_ok=True)
+            path, mode = short, 0o700  # in the shared temp dir: this user's only
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
         os.environ[key] = str(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

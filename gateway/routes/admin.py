@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.deps import Admin, AppState, Caller, State
 from gateway.errors import InvalidRequest, RouteNotFound
 from gateway.quota_store import KeyRecord, ScopeUsage
+from gateway.router import unknown_slo_class
 from gateway.settings import KeyLimits, hash_key
 
 router = APIRouter(prefix="/sparkgate")
@@ -84,11 +85,7 @@ async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONRespons
             raise InvalidRequest(f"Unknown models: {', '.join(unknown)}.", param="limits.allowed_models")
     routing, slo = state.settings.routing, body.limits.slo_class
     if routing.enabled and slo is not None and slo not in routing.classes:
-        raise InvalidRequest(
-            f"Unknown SLO class {slo!r}; use one of: {', '.join(routing.classes)}.",
-            param="limits.slo_class",
-            code="invalid_slo_class",
-        )
+        raise unknown_slo_class(routing, slo, param="limits.slo_class")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     record = KeyRecord(
         id="key_" + secrets.token_hex(8),

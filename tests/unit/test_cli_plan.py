@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT, free_port
 
 
 def sparkgate(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -57,9 +57,7 @@ def test_serve_refuses_a_port_in_use_before_starting_engines(tmp_path: Path) -> 
 def test_serve_exits_3_when_startup_fails_and_frees_its_port(tmp_path: Path) -> None:
     (tmp_path / "no-tokenizer").mkdir()
     (tmp_path / "no-tokenizer" / "config.json").write_text("{}")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     model = {"name": "m", "path": str(tmp_path / "no-tokenizer"), "engine": "simulated"}
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "cache_dir": str(tmp_path / "cache")},

@@ -288,5 +288,5 @@ def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     # So a long prompt on the 27B is predicted slower than it would be on an idle box, a chat not.
     lane = router.lanes["dense"]
     alone = lane.latency.predict(prompt_tokens=40_000).ttft_s
-    assert lane.predict(range(40_000), 10, ()).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
-    assert lane.predict(range(1_000), 10, ()).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)
+    assert lane.predict_tokens(40_000, 0, 10).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
+    assert lane.predict_tokens(1_000, 0, 10).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)
