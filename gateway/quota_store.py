@@ -122,7 +122,10 @@ class QuotaStore(Protocol):
     async def put_key(self, record: KeyRecord) -> None: ...
     async def get_key(self, sha256: str) -> KeyRecord | None: ...
     async def list_keys(self) -> list[KeyRecord]: ...
-    async def ping(self) -> None: ...
+    async def ping(self) -> None:
+        """Raises unless the store answers now, on a fresh connection: the probe after an
+        outage must neither trust nor leave behind connections to the server that went away."""
+
     async def close(self) -> None: ...
 
 
@@ -682,6 +685,9 @@ class RedisQuotaStore:
         return sorted((KeyRecord.model_validate(json.loads(r)) for r in raws if r), key=lambda k: k.created_at)
 
     async def ping(self) -> None:
+        # Idle pooled connections may point at a Redis that has since restarted: each would
+        # fail its next command (and trip the gate again), so they are dropped, not reused.
+        await self._pool.disconnect(inuse_connections=False)
         await self._redis.ping()
 
     async def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -55,6 +56,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             return
         _seen_failures.add(key)
         f.write(f"==== {report.when} of {report.nodeid}\n{text[-8000:]}\n")
+        for log_path in list(_live_logs):  # what the servers said went wrong, not all they said
+            f.write(f"---- {log_path.name}: its last warnings and errors\n{_log_problems(log_path)}\n")
+
+
+_live_logs: list[Path] = []  # the logs of the servers `launch` runs now
+
+
+def _log_problems(log_path: Path, lines: int = 30) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError as e:
+        return f"(unreadable: {e})"
+    kept = [line for line in text.splitlines() if re.search(r"WARNING|ERROR|CRITICAL|Traceback|Error:", line)]
+    return "\n".join(kept[-lines:]) or "(none)"
 
 
 # One pooled client: polling with a new client per call costs the test process
@@ -175,9 +190,11 @@ def launch(
             proc.kill()
             raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
         time.sleep(1)
+    _live_logs.append(log_path)
     try:
         yield Server(base_url=base, log_path=log_path, proc=proc)
     finally:
+        _live_logs.remove(log_path)
         with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
             os.killpg(proc.pid, signal.SIGINT)
         try:

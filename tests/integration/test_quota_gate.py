@@ -116,3 +116,23 @@ async def test_leases_are_renewed_while_requests_run(own_redis: RedisServer) -> 
         await until(lambda: gate.snapshot()["holds"] == 0)
     finally:
         await gate.close()
+
+
+async def test_after_redis_restarts_no_pooled_connection_trips_it_again(own_redis: RedisServer) -> None:
+    """The connections pooled before the outage point at the old server: each would fail its
+    first command after the recovery and take the gate down again (503s on a closed replica)."""
+    gate = await gate_for(own_redis, "closed")
+    try:
+        await asyncio.gather(*(gate.usage(f"key:k{i}") for i in range(8)))  # 8 pooled connections
+        own_redis.stop()
+        with pytest.raises(QuotaUnavailable):
+            await gate.usage("key:k0")
+        own_redis.start()
+        await until(lambda: not gate.is_down)
+        holds = await asyncio.gather(*(gate.reserve(ALICE, f"after{i}", 1) for i in range(2)))
+        await asyncio.gather(*(gate.usage(f"key:k{i}") for i in range(8)))
+        for h in holds:
+            h.release()
+        assert not gate.is_down and gate.metrics.outages == 1
+    finally:
+        await gate.close()
