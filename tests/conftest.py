@@ -55,21 +55,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             f.write(f"{report.when} of {report.nodeid}: failed as above\n")
             return
         _seen_failures.add(key)
-        f.write(f"==== {report.when} of {report.nodeid}\n{text[-8000:]}\n")
+        f.write(f"==== {report.when} of {report.nodeid}\n")
         for log_path in list(_live_logs):  # what the servers said went wrong, not all they said
             f.write(f"---- {log_path.name}: its last warnings and errors\n{_log_problems(log_path)}\n")
+        f.write(f"---- the failure\n{text[-8000:]}\n")  # last: CI's tail keeps the end
 
 
 _live_logs: list[Path] = []  # the logs of the servers `launch` runs now
 
 
-def _log_problems(log_path: Path, lines: int = 30) -> str:
+def _log_problems(log_path: Path, lines: int = 15) -> str:
     try:
         text = log_path.read_text(errors="replace")
     except OSError as e:
         return f"(unreadable: {e})"
     kept = [line for line in text.splitlines() if re.search(r"WARNING|ERROR|CRITICAL|Traceback|Error:", line)]
-    return "\n".join(kept[-lines:]) or "(none)"
+    return "\n".join(line[:400] for line in kept[-lines:]) or "(none)"
 
 
 # One pooled client: polling with a new client per call costs the test process
