@@ -122,10 +122,7 @@ class QuotaStore(Protocol):
     async def put_key(self, record: KeyRecord) -> None: ...
     async def get_key(self, sha256: str) -> KeyRecord | None: ...
     async def list_keys(self) -> list[KeyRecord]: ...
-    async def ping(self) -> None:
-        """Raises unless the store answers now, on a fresh connection: the probe after an
-        outage must neither trust nor leave behind connections to the server that went away."""
-
+    async def ping(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -583,6 +580,9 @@ class RedisQuotaStore:
         self, url: str, *, prefix: str = "sg:", window_s: float = 60.0, lease_s: float = 30.0, timeout_s: float = 0.5
     ) -> None:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
         # A blocking pool: under a burst, commands wait for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -592,6 +592,10 @@ class RedisQuotaStore:
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             decode_responses=True,
+            # A pooled connection to a Redis that has since restarted fails its next command:
+            # that command is sent once more, on a new connection (every script here is safe to
+            # repeat). A timeout is not retried: it already waited its redis_timeout_s.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self._pool = pool
         self._redis = aioredis.Redis(connection_pool=pool)
@@ -685,9 +689,6 @@ class RedisQuotaStore:
         return sorted((KeyRecord.model_validate(json.loads(r)) for r in raws if r), key=lambda k: k.created_at)
 
     async def ping(self) -> None:
-        # Idle pooled connections may point at a Redis that has since restarted: each would
-        # fail its next command (and trip the gate again), so they are dropped, not reused.
-        await self._pool.disconnect(inuse_connections=False)
         await self._redis.ping()
 
     async def close(self) -> None:

@@ -136,3 +136,19 @@ async def test_after_redis_restarts_no_pooled_connection_trips_it_again(own_redi
         assert not gate.is_down and gate.metrics.outages == 1
     finally:
         await gate.close()
+
+
+async def test_a_redis_restart_between_commands_is_no_outage(own_redis: RedisServer) -> None:
+    """Redis restarts while the replica sends nothing: the connections it pooled before point at
+    the old server, and the next commands still get answers, with no outage in between."""
+    gate = await gate_for(own_redis, "closed")
+    try:
+        await asyncio.gather(*(gate.usage(f"key:k{i}") for i in range(8)))  # 8 pooled connections
+        own_redis.stop()
+        own_redis.start()
+        hold = await gate.reserve(ALICE, "after", 1)
+        await asyncio.gather(*(gate.usage(f"key:k{i}") for i in range(8)))
+        hold.release()
+        assert not gate.is_down and gate.metrics.outages == 0
+    finally:
+        await gate.close()
