@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
+from engine_adapter.paced import paced
 from gateway import errors
 from gateway import tokenizer as fast_tokenizer
 from gateway.admission import AdmissionControl
@@ -151,7 +152,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
         try:
             await quota.start()
             for model in settings.models:
-                engine = engine_factory(settings, model)
+                engine = paced(engine_factory(settings, model), model.token_pace_s)
                 await engine.start()
                 # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
                 tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer)

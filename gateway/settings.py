@@ -254,6 +254,9 @@ class ModelSettings(_Model):
     cpu_cores: str | None = None
     # "compact": structured JSON output without free whitespace (see StructuredOutput).
     json_whitespace: Literal["compact", "any"] = "compact"
+    # Deliver at most one output token per this many seconds (0: as fast as the engine), so a
+    # test or demo can make an engine slower than it is, the same on any machine.
+    token_pace_s: float = Field(0.0, ge=0)
     # Passed verbatim to vLLM's AsyncEngineArgs (names differ across versions).
     engine_args: dict[str, Any] = Field(default_factory=dict)
 

@@ -26,12 +26,17 @@ import pytest
 from gateway.settings import hash_key
 from tests.conftest import MODELS, ROOT, Server, free_port, launch, open_post
 
+pytestmark = pytest.mark.engine  # starts vLLM engines
+
 MODEL = "tiny-small-kv"
 KEYS = {"heavy": "sk-heavy", "light": "sk-light", "third": "sk-third"}
 PROMPT = 1000
 MAX_TOKENS = 300
 BLOCKS_PER_REQUEST = -(-(PROMPT + MAX_TOKENS - 1) // 128)  # 11 blocks of 128 tokens
 MAX_QUEUED = 6
+# Delivery paced to at least 20 ms per token: a request runs for 6 s or more on any machine,
+# well past the batch class's 2 s queue timeout that the queue-timeout test waits through.
+PACE_S = 0.02
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +57,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 "max_num_seqs": 8,
                 # 40 blocks of 128 tokens (64 KiB each): room for three requests of 11 blocks.
                 "kv_cache_bytes": "2560KiB",
+                "token_pace_s": PACE_S,
             }
         ],
         "admission": {"max_queued": MAX_QUEUED, "queue_timeout_s": {"interactive": 300, "batch": 2}},

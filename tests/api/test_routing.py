@@ -1,9 +1,10 @@
 """Latency-SLO routing between two real vLLM CPU engines of different speed.
 
-`deep` (tiny-qwen3-deep, ~100 ms per token here) is the better model by config but its
-profile wrongly claims the speed of `quick` (tiny-qwen3, ~8 ms per token). The router
-must learn deep's real decode speed from what it observes and then send `auto` traffic
-that needs a fast decode to quick, while traffic with a loose objective still gets deep.
+`deep` is the better model by config but paced to at least 100 ms per token (the same
+tiny model as `quick`, which decodes in well under 50 ms per token on any machine this
+runs on); both profiles claim 8 ms per token. The router must learn deep's real decode
+speed from what it observes and then send `auto` traffic that needs a fast decode to
+quick, while traffic with a loose objective still gets deep.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tests.conftest import MODELS, ROOT, Server, free_port, launch
 KEY = "sk-route-user"
 SUBSTITUTE_KEY = "sk-route-flexible"
 ADMIN_KEY = "sk-route-admin"
-SNAPPY_TPOT_S = 0.05  # between the two engines' real decode speeds, with a margin either way
+SNAPPY_TPOT_S = 0.05  # between the two engines' decode speeds, with a margin either way
+DEEP_PACE_S = 0.1  # deep's slowest: twice the objective on a machine of any speed
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
 
 pytestmark = pytest.mark.engine
@@ -67,7 +69,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         },
         "models": [
             _model("quick", "tiny-qwen3", 1, second),
-            _model("deep", "tiny-qwen3-deep", 2, "0", load_format="dummy", kv_cache_bytes="256MiB"),
+            _model("deep", "tiny-qwen3", 2, "0", token_pace_s=DEEP_PACE_S),
         ],
     }
     path = tmp / "routing.yaml"

@@ -96,6 +96,7 @@ def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: Server
 
 
 def test_stats_show_routing(sim: Server) -> None:
+    client(sim).chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     r = httpx.get(f"{sim.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     routing = r.json()["routing"]
     assert set(routing["models"]) == {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.6-35b-a3b"}

@@ -1,17 +1,33 @@
-"""Runs last (file order): kills the engines' EngineCore processes and checks
-that clients get a clean 503, not a 500 or a hang."""
+"""Kills the engines' EngineCore processes and checks that clients get a clean 503, not a
+500 or a hang. On a server of its own: the session's shared one must outlive it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import DENSE, MESSAGES_SHORT, MOE, Server
+from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, MOE, Server, free_port, launch, test_config
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("doomed")
+    port = free_port()
+    with launch(test_config(tmp, port), tmp / "server.log", port) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
 
 
 def engine_core_pids(root_pid: int) -> list[int]:
