@@ -21,8 +21,40 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from engine_adapter.base import KVGroup, KVSpec
+
+class KVGroup(Protocol):
+    """What the footprint reads of one KV cache group (layers sharing a block table). The
+    engine adapter's `engine_adapter.base.KVGroup` is one: policies take values, they
+    import no engine."""
+
+    @property
+    def kind(self) -> Literal["full_attention", "sliding_window", "linear_attention"]: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def sliding_window(self) -> int | None: ...
+    @property
+    def mamba_mode(self) -> Literal["none", "align"] | None: ...
+
+
+class KVSpec(Protocol):
+    """What the footprint reads of a running engine's KV cache (`engine_adapter.base.KVSpec`
+    is one)."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def bytes_per_block(self) -> int: ...
+    @property
+    def groups(self) -> Sequence[KVGroup]: ...
+    @property
+    def prefix_caching(self) -> bool: ...
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+    @property
+    def async_scheduling(self) -> bool: ...
 
 
 def cdiv(a: int, b: int) -> int:

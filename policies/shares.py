@@ -16,8 +16,24 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from engine_adapter.base import KVSpec
+
+class Pool(Protocol):
+    """What a share reads of an engine's KV spec (`engine_adapter.base.KVSpec` is one), a
+    dataclass it rewrites in a copy."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def usable_blocks(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def bytes_per_block(self) -> int: ...
+
+
+SpecT = TypeVar("SpecT", bound=Pool)
 
 EPSILON = 1e-9  # shares like 1/3 + 1/3 + 1/3 must add up to the whole
 
@@ -68,7 +84,7 @@ def release(claims: Claims, gateway: str, now: float) -> dict[str, Lease]:
     return {g: lease for g, lease in live(claims, now).items() if g != gateway}
 
 
-def share_spec(spec: KVSpec, share: float) -> KVSpec | Refused:
+def share_spec(spec: SpecT, share: float) -> SpecT | Refused:
     """The engine as one gateway may use it: `share` of the usable blocks and of the
     running slots, rounded down, so that granted shares never add up past the whole."""
     blocks = math.floor(spec.usable_blocks * share + EPSILON)
