@@ -16,7 +16,7 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: setup models serve test lint clean
+.PHONY: setup models serve check test lint clean
 
 setup: $(STAMP)
 
@@ -35,12 +35,25 @@ models: $(STAMP)
 serve: models
 	$(VENV)/bin/sparkgate serve --config $(CONFIG)
 
-test: models
+# Test order: file order, or random with SEED=N (pytest-randomly; each module alone must pass too).
+ORDER := $(if $(SEED),-p randomly -p no:cacheprovider --randomly-seed=$(SEED),-p no:randomly)
+# The pure decision modules must stay fully branch-covered by their unit tests.
+COVER := --cov=policies --cov-branch --cov-report=term-missing --cov-fail-under=100
+
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	# The pure decision modules must stay fully branch-covered by their unit tests.
-	$(PY) -m pytest -q tests --cov=policies.admission --cov=policies.kv --cov=policies.memory_plan --cov=policies.quotas --cov=policies.prefix --cov=policies.latency --cov=policies.routing --cov=policies.shares \
-		--cov-branch --cov-report=term-missing --cov-fail-under=100
+	$(VENV)/bin/lint-imports
+
+# The inner loop (a few minutes): lint, types, layer contracts, and every test that starts
+# no vLLM engine (unit tests, Redis, the simulated engine).
+check: models lint
+	$(PY) -m pytest -q tests -m "not engine" $(ORDER) $(COVER)
+
+# Everything: what CI runs.
+test: models lint
+	$(PY) -m pytest -q tests $(ORDER) $(COVER)
 
 clean:
-	rm -rf $(VENV) models .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) models .cache .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

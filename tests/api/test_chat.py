@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import DENSE, MOE, Server
 
+pytestmark = pytest.mark.engine  # starts vLLM engines
+
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Name three colours."},

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.conftest import DENSE, MOE
+
+pytestmark = pytest.mark.engine  # starts vLLM engines
 
 
 def count(tok, text: str) -> int:  # type: ignore[no-untyped-def]

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import API_KEY, DENSE, Server, open_post
 
+pytestmark = pytest.mark.engine  # starts vLLM engines
+
 MAX_TOKENS = 32000  # over a minute of work for the tiny CPU model if nothing aborts it
 LONG = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 1.0}
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}

@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, OTHER_KEY, OTHER_MAX_CONTEXT, Server
 
+pytestmark = pytest.mark.engine  # starts vLLM engines
+
 
 def assert_error(
     exc: openai.APIStatusError, status: int, code: str | None, type_: str = "invalid_request_error"

@@ -6,7 +6,11 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
+
 from tests.conftest import API_KEY, Server
+
+pytestmark = pytest.mark.engine  # starts vLLM engines
 
 
 def _get(sock: socket.socket) -> bytes:

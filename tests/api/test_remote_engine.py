@@ -18,6 +18,8 @@ import yaml
 
 from tests.conftest import MODELS, ROOT, Server, free_port, launch
 
+pytestmark = pytest.mark.engine  # starts vLLM engines
+
 TOKEN = "engine-host-test-token"
 KEY = "sk-remote-test"
 MODEL = "tiny-remote"

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.kv_probe import KVProbe, ProbeRequest, make_prompt
 from engine_adapter.base import KVSpec
 from engine_adapter.vllm_local import kv_spec_from_config
 from policies.admission import Admission, Admit, Demand, PoolLimits
 from policies.kv import footprint, resumes_at_end, sequence_blocks
-from tests.integration.kv_probe import KVProbe, ProbeRequest, make_prompt
+
+pytestmark = pytest.mark.engine  # starts vLLM engines
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

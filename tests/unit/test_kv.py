@@ -42,7 +42,7 @@ def ids(n: int, start: int = 1000) -> list[int]:
 
 @pytest.mark.parametrize(
     ("p", "m", "blocks"),
-    # (prompt, max_tokens) -> peak blocks measured by tests/integration/kv_probe.py: cdiv(P+M-1, 128)
+    # (prompt, max_tokens) -> peak blocks measured by benchmarks/kv_probe.py: cdiv(P+M-1, 128)
     [(128, 1, 1), (129, 1, 2), (128, 128, 2), (129, 128, 2), (255, 2, 2), (256, 1, 2), (200, 57, 2), (256, 2, 3),
      (300, 213, 4), (2100, 3, 17)],
 )  # fmt: skip

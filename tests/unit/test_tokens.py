@@ -39,3 +39,16 @@ def test_text_and_ids_round_trip(tok) -> None:  # type: ignore[no-untyped-def]
     p = encode_text(tok, "héllo wörld 你好")
     assert from_ids(tok, p.token_ids).text == "héllo wörld 你好"
     assert tok.decode(list(p.token_ids)) == "héllo wörld 你好"
+
+
+def test_a_template_rendered_as_a_list_is_joined(tok) -> None:  # type: ignore[no-untyped-def]
+    class ListTemplate:  # some tokenizers render a batch: a list of strings
+        def apply_chat_template(self, conversation, **kwargs):  # type: ignore[no-untyped-def]
+            return [tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)]
+
+        encode = tok.encode
+        decode = tok.decode
+
+    p = render_chat(ListTemplate(), [{"role": "user", "content": "U"}])
+    assert p.text == "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert p.token_ids == tuple(tok.encode(p.text, add_special_tokens=False))

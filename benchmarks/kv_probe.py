@@ -23,7 +23,7 @@ or inside a test)::
     recs[0].peak_blocks_per_group, recs[0].peak_net_pool, probe.last_run.peak_pool_used
     probe.pool_used_blocks(); probe.facts.usable_blocks; probe.shutdown()
 
-`python -m tests.integration.kv_probe` runs the scenarios behind the KV rules
+`python -m benchmarks.kv_probe` runs the scenarios behind the KV rules
 report (.cache/kv-rules.md) and prints each measurement next to its formula.
 Each model runs in its own subprocess, one engine at a time.
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 CACHE = ROOT / ".cache"
 
@@ -983,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     # One engine per process, one process at a time.
     rc = 0
     for name in MODEL_SETS:
-        proc = subprocess.run([sys.executable, "-m", "tests.integration.kv_probe", "--set", name, "--child"], cwd=ROOT)
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.kv_probe", "--set", name, "--child"], cwd=ROOT)
         rc |= proc.returncode
     return rc
 
