@@ -1,7 +1,7 @@
 """SLO routing on the simulated DGX Spark boxes: the router vs each model alone vs round-robin.
 
 A mixed workload (short chat, long-document questions, batch summaries; Poisson
-arrivals) at rising load, in virtual time on the box model (engine_adapter/spark_box.py,
+arrivals) at rising load, in virtual time on the box model (engine_adapter/spark/,
 checked against the measurements by benchmarks/sim_vs_measured.py). Strategies, side by side
 on the same arrivals:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.spark_box import MODELS  # noqa: E402
+from engine_adapter.spark import MODELS  # noqa: E402
 from gateway.fleet import DEFAULT_WORKLOAD, Deployed, Placement, Summary, placement_from_settings, simulate  # noqa: E402
 from gateway.plot import line_chart  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402

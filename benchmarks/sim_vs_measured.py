@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine_adapter.spark_box import DGX_SPARK, MODELS, BoxSim, SimConfig
+from engine_adapter.spark import DGX_SPARK, MODELS, BoxSim, SimConfig
 
 DATA = Path(__file__).resolve().parent / "data" / "dgx-spark-measurements.csv"
 OUTPUT_TOKENS = 1024

@@ -1,6 +1,6 @@
 """An Engine that streams from the DGX Spark box model instead of a GPU.
 
-`BoxSim` (engine_adapter/spark_box.py) runs in a background task in virtual time;
+`BoxSim` (engine_adapter/spark/scheduler.py) runs in a background task in virtual time;
 the task sleeps step_time / speedup per step, so tokens arrive at the box's pace
 scaled by `speedup`. `clock()` is the engine's time in simulated seconds, for
 measuring latency in the box's seconds.
@@ -39,7 +39,7 @@ from engine_adapter.base import (
     TokenLogprob,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
-from engine_adapter.spark_box import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, RequestEvent, SimConfig
+from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, RequestEvent, SimConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class SimEngineConfig:
     name: str
-    model: str  # key into spark_box.MODELS
+    model: str  # key into engine_adapter.spark.MODELS
     tokenizer: str  # a local Hugging Face tokenizer directory
     speedup: float = 1.0  # simulated seconds per wall second
     max_model_len: int = 262144

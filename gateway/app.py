@@ -68,7 +68,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
 
 def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
     from engine_adapter.simulated import SimEngineConfig, SimulatedEngine
-    from engine_adapter.spark_box import STEP_TOKENS
+    from engine_adapter.spark import STEP_TOKENS
 
     assert model.simulated is not None  # settings validation guarantees it
     return SimulatedEngine(

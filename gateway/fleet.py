@@ -1,7 +1,7 @@
 """DGX Spark boxes serving a workload in virtual time: the routing benchmark and the
 capacity planner run on this.
 
-Each model is a `BoxSim` (engine_adapter/spark_box.py) placed on a box. Requests arrive
+Each model is a `BoxSim` (engine_adapter/spark/scheduler.py) placed on a box. Requests arrive
 (Poisson, a mix of kinds, each with its SLO class); a strategy picks each one's model:
 
 - "router": the gateway's own `Router` (gateway/router.py), learning each engine's
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from engine_adapter.base import Engine, KVSpec
-from engine_adapter.spark_box import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, GiB, SimConfig, StepResult
+from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, GiB, SimConfig, StepResult
 from gateway.auth import ANONYMOUS
 from gateway.errors import SloUnattainable
 from gateway.registry import ServedModel
@@ -40,7 +40,7 @@ class Deployed:
     """One model in a placement: which box it is on and the KV it gets there."""
 
     name: str  # the served name
-    model: str  # a key of spark_box.MODELS
+    model: str  # a key of engine_adapter.spark.MODELS
     box: str
     kv_gib: float
     quality: float = 0.0

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from engine_adapter.spark_box import MODELS, GiB
+from engine_adapter.spark import MODELS, GiB
 from gateway.fleet import Deployed, Placement, RequestKind, Summary, simulate
 from gateway.plot import line_chart
 from gateway.settings import ModelSettings, RoutingSettings

@@ -197,13 +197,13 @@ class LatencyProfile(_Model):
 class SimulatedSettings(_Model):
     """The DGX Spark box model's parameters for one simulated engine."""
 
-    model: str  # a key of engine_adapter.spark_box.MODELS
+    model: str  # a key of engine_adapter.spark.MODELS
     speedup: float = Field(1.0, gt=0)  # simulated seconds per wall-clock second
 
     @field_validator("model")
     @classmethod
     def _a_box_model(cls, v: str) -> str:
-        from engine_adapter.spark_box import MODELS
+        from engine_adapter.spark import MODELS
 
         if v not in MODELS:
             raise ValueError(f"unknown box model {v!r}; known: {', '.join(MODELS)}")

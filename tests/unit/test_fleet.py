@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.spark_box import MODELS
+from engine_adapter.spark import MODELS
 from gateway.auth import ANONYMOUS
 from gateway.errors import SloUnattainable
 from gateway.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate

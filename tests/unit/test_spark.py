@@ -1,4 +1,4 @@
-"""engine_adapter/spark_box.py: the box's step physics and the simulated scheduler, in virtual time."""
+"""engine_adapter/spark/: the box's step physics and the simulated scheduler, in virtual time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from engine_adapter.spark_box import (
+from engine_adapter.spark import (
     DGX_SPARK,
     MODELS,
     BoxSim,

@@ -1,0 +1,179 @@
+"""The model catalogue: the served Qwen models' shapes, what a token costs them in bytes
+and FLOPs, and their speculative decoders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# NVFP4: 4-bit values plus one FP8 scale per 16 values.
+NVFP4_BYTES_PER_PARAM = 0.5 + 1 / 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecDecode:
+    """A speculative decoder: k draft tokens per step, each accepted with probability alpha."""
+
+    kind: Literal["mtp", "dflash"]  # mtp: k sequential draft passes; dflash: one parallel block pass
+    draft_tokens: int  # k
+    acceptance: float  # alpha, per-token acceptance (i.i.d. assumption)
+    draft_params: float  # weights one draft pass reads besides the (shared) lm_head
+    draft_flops_params: float  # parameters one draft position multiplies through (FLOPs = 2x)
+    source: str  # where alpha and the drafter's size come from
+
+    @property
+    def expected_tokens(self) -> float:
+        """Tokens one verify step yields: accepted drafts plus the bonus/corrected token."""
+        a, k = self.acceptance, self.draft_tokens
+        return float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+
+    @property
+    def draft_passes(self) -> int:
+        return self.draft_tokens if self.kind == "mtp" else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One served model: what a token costs in bytes and FLOPs."""
+
+    name: str
+    total_params: float  # resident parameters (Flash-Next's NVMe n-gram table excluded)
+    active_params: float  # multiplied per token, lm_head included, embeddings excluded
+    lm_head_params: float  # part of active_params, only computed for sampled positions
+    weight_bytes_per_param: float
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense)
+    experts_per_token: int = 0
+    expert_params: float = 0.0  # all routed experts' parameters, all layers
+    layers: int
+    full_attention_layers: int  # layers with a growing KV cache (hybrid: 1 in 4)
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype_bytes: int  # fp8 KV = 1
+    linear_state_bytes: int  # GDN recurrent + conv state of one sequence, all linear layers
+    spec: SpecDecode
+    kv_budget_gib: float  # KV pool at --gpu-memory-utilization 0.8 (from the box's logs)
+    notes: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def shared_params(self) -> float:
+        """Per-token parameters that are not routed experts (attention, GDN, shared expert, lm_head)."""
+        return self.active_params - self.active_expert_params
+
+    @property
+    def active_expert_params(self) -> float:
+        return self.expert_params * self.experts_per_token / self.num_experts if self.is_moe else 0.0
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.full_attention_layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_params * self.weight_bytes_per_param
+
+
+def _gdn_state_bytes(layers: int, value_heads: int, k_dim: int = 128, v_dim: int = 128, conv_dim: int = 0) -> int:
+    """Gated DeltaNet state of one sequence: an fp32 k x v matrix per value head, plus
+    the short-conv window (3 past positions in bf16) over the q/k/v channels."""
+    return layers * (value_heads * k_dim * v_dim * 4 + 3 * conv_dim * 2)
+
+
+MODELS: dict[str, ModelSpec] = {
+    # Shape from model-shapes/qwen3.6-35b-a3b.config.json: 40 layers (10 full attention),
+    # hidden 2048, 256 experts x (3 x 2048 x 512), 8 routed + 1 shared; counted params:
+    # experts 32.2B, attention+GDN 1.28B, shared experts+routers 0.15B, lm_head 0.51B.
+    "Qwen3.6-35B-A3B": ModelSpec(
+        name="Qwen3.6-35B-A3B",
+        total_params=34.7e9,
+        active_params=2.95e9,
+        lm_head_params=248320 * 2048,
+        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
+        num_experts=256,
+        experts_per_token=8,
+        expert_params=40 * 256 * 3 * 2048 * 512,
+        layers=40,
+        full_attention_layers=10,
+        q_heads=16,
+        kv_heads=2,
+        head_dim=256,
+        kv_dtype_bytes=1,
+        linear_state_bytes=_gdn_state_bytes(30, 32, conv_dim=8192),
+        spec=SpecDecode(
+            kind="mtp",
+            draft_tokens=3,
+            acceptance=0.87,
+            # The MTP block: one full-attention layer + one MoE layer (8 of 256 experts + shared) + fc.
+            draft_params=27e6 + 8 * 3 * 2048 * 512 + 3 * 2048 * 512 + 8.4e6,
+            draft_flops_params=27e6 + 9 * 3 * 2048 * 512 + 8.4e6,
+            source="assumption: Qwen3-Next MTP acceptance ~0.8-0.9 per token at temperature 0 on "
+            "plain English (alpha=0.87: 3.3 tokens per step); one MTP layer "
+            "(mtp_num_hidden_layers=1) sharing the lm_head",
+        ),
+        kv_budget_gib=65.0,
+    ),
+    # Shape from model-shapes/qwen3.6-27b.config.json: 64 layers (16 full attention), hidden
+    # 5120, MLP 17408; counted params: MLP 17.1B, GDN 5.56B, attention 1.68B, lm_head 1.27B.
+    "Qwen3.8-27B": ModelSpec(
+        name="Qwen3.8-27B",
+        total_params=26.9e9,
+        active_params=25.6e9,
+        lm_head_params=248320 * 5120,
+        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
+        layers=64,
+        full_attention_layers=16,
+        q_heads=24,
+        kv_heads=4,
+        head_dim=256,
+        kv_dtype_bytes=1,
+        linear_state_bytes=_gdn_state_bytes(48, 48, conv_dim=10240),
+        spec=SpecDecode(
+            kind="dflash",
+            draft_tokens=8,
+            acceptance=0.88,
+            # DFlash: a block-diffusion drafter of ~5 target-width layers drafting the whole block in one pass.
+            draft_params=5 * (105e6 + 267e6),
+            draft_flops_params=5 * (105e6 + 267e6),
+            source="assumption: DFlash reports mean acceptance lengths of ~5-7 tokens at block 8-16 "
+            "with temperature 0; alpha=0.88 gives 5.7 tokens per step at k=8",
+        ),
+        kv_budget_gib=65.0,
+    ),
+    # Flash-Next's shape is not public. Assumed Qwen3-Next-80B-like attention: 48 layers (12 full
+    # attention), 16 query / 2 KV heads of 256, 512 experts with 10 routed; 118B in experts + ~3.7B per-token
+    # non-expert weights (lm_head ~1.0B) = ~6B active. The 51B n-gram embedding lives on NVMe
+    # (VLLM_PLE_TABLE_MEMORY=disk): a few rows per token, never streamed per step.
+    "Qwen3.8-Flash-Next": ModelSpec(
+        name="Qwen3.8-Flash-Next",
+        total_params=125e9,
+        active_params=6.0e9,
+        lm_head_params=248320 * 4096,
+        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
+        num_experts=512,
+        experts_per_token=10,
+        expert_params=118e9,
+        layers=48,
+        full_attention_layers=12,
+        q_heads=16,
+        kv_heads=2,
+        head_dim=256,
+        kv_dtype_bytes=1,
+        linear_state_bytes=_gdn_state_bytes(36, 32, conv_dim=8192),
+        spec=SpecDecode(
+            kind="mtp",
+            draft_tokens=4,
+            acceptance=0.70,
+            # The 4B MTP module is one MoE block: per pass it reads attention + 10 routed experts.
+            draft_params=110e6 + 10 * 118e9 / 48 / 512,
+            draft_flops_params=110e6 + 11 * 118e9 / 48 / 512,
+            source="assumption: a 4-deep MTP chain accepts less per token than a 3-deep one "
+            "(later drafts condition on earlier guesses); alpha=0.70 at k=4 gives 2.8 tokens",
+        ),
+        kv_budget_gib=17.33,
+        notes="shape assumed; n-gram embedding on NVMe not modelled per step",
+    ),
+}

@@ -1,0 +1,366 @@
+"""`BoxSim`: vLLM's scheduler on the box model, in virtual time.
+
+FCFS, chunked prefill with decodes first, max_num_seqs, the block pool (block_pool.py),
+no preemption: a request is admitted only when its peak fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine_adapter.base import KVGroup, KVSpec
+from engine_adapter.spark.block_pool import BlockPool, block_hashes, cdiv
+from engine_adapter.spark.catalogue import ModelSpec
+from engine_adapter.spark.hardware import DGX_SPARK, BoxSpec, GiB
+from engine_adapter.spark.physics import StepCost, step_cost
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEvent:
+    """What one request got from one step."""
+
+    request_id: str
+    new_tokens: int  # output tokens emitted at the end of this step
+    first_token: bool  # this step emitted the request's first token
+    finished: bool
+    prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    start: float
+    end: float
+    cost: StepCost
+    events: tuple[RequestEvent, ...]
+    prefill_tokens: int
+    decode_seqs: int
+    blocks_in_use: int  # pool blocks held at the step's end, before finished requests let go
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival: float
+    salt: str | None
+    hashes: list[bytes]
+    peak_blocks: int  # blocks the sequence holds at its peak: cdiv(P + M - 1, bs)
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0  # prompt tokens whose KV exists (cached or computed)
+    cached_tokens: int = 0
+    generated: int = 0
+    credit: float = 0.0  # fractional accepted tokens carried between steps
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prompt_len
+
+
+# A simulated engine's scheduler budget per step (its prefill chunk) when its config sets none.
+STEP_TOKENS = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = STEP_TOKENS
+    max_model_len: int = 262144
+    kv_cache_bytes: int | None = None  # default: the model's KV budget
+    enable_prefix_caching: bool = True
+    # vLLM's --long-prefill-token-threshold: while others run or wait, a prefill takes at
+    # most this many tokens a step, so a short prompt need not wait for a long one (0: off).
+    long_prefill_token_threshold: int = 0
+
+
+class BoxSim:
+    """vLLM's v1 scheduler on the box model, in virtual seconds.
+
+    Each `step()` runs one engine step: running requests first (decodes verify k+1
+    positions, unfinished prefills take the next chunk), then waiting requests in FCFS
+    order while a sequence slot, token budget and KV blocks remain. Admission reserves a
+    request's whole peak, so nothing is ever preempted; a request that does not fit waits.
+    The linear-attention state of max_num_seqs sequences is reserved from the KV budget up
+    front (as vLLM's Mamba cache is per slot), so the block pool holds attention KV only.
+    """
+
+    def __init__(self, model: ModelSpec, box: BoxSpec = DGX_SPARK, config: SimConfig | None = None) -> None:
+        self.model = model
+        self.box = box
+        self.config = config or SimConfig()
+        self.block_size = box.block_size
+        self.bytes_per_block = model.kv_bytes_per_token * self.block_size
+        budget = self.config.kv_cache_bytes or int(model.kv_budget_gib * GiB)
+        self.kv_cache_bytes = budget
+        pool_bytes = budget - self.config.max_num_seqs * model.linear_state_bytes
+        if pool_bytes < 2 * self.bytes_per_block:
+            raise ValueError(
+                f"KV budget {budget} B cannot hold the linear state of {self.config.max_num_seqs} sequences"
+            )
+        self.pool = BlockPool(pool_bytes // self.bytes_per_block)
+        self.now = 0.0
+        self._future: list[_Request] = []  # arrival > now
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._ids: set[str] = set()
+        self.steps = 0
+        self.generation_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    # -- facts ------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._future)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.in_use / self.pool.usable
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._future)
+
+    def kv_spec(self) -> KVSpec:
+        """The pool as `policies.kv` reads it: one full-attention group over the full-attention
+        layers (the linear state is reserved outside the pool, so it costs no blocks)."""
+        m = self.model
+        page = 2 * self.block_size * m.kv_heads * m.head_dim * m.kv_dtype_bytes
+        return KVSpec(
+            block_size=self.block_size,
+            num_blocks=self.pool.num_blocks,
+            bytes_per_block=self.bytes_per_block,
+            kv_cache_bytes=self.pool.num_blocks * self.bytes_per_block,
+            cache_dtype="fp8" if m.kv_dtype_bytes == 1 else "bfloat16",
+            groups=(
+                KVGroup(
+                    kind="full_attention",
+                    num_layers=m.full_attention_layers,
+                    block_size=self.block_size,
+                    page_bytes_per_layer=page,
+                ),
+            ),
+            max_model_len=self.config.max_model_len,
+            prefix_caching=self.config.enable_prefix_caching,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            long_prefill_token_threshold=self.config.long_prefill_token_threshold,
+        )
+
+    def blocks_held(self, request_id: str) -> int:
+        for r in self._running:
+            if r.request_id == request_id:
+                return len(r.blocks)
+        return 0
+
+    # -- requests -----------------------------------------------------------------------
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if request_id in self._ids:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        if not prompt_token_ids or max_tokens < 1:
+            raise ValueError("a request needs at least one prompt token and max_tokens >= 1")
+        if len(prompt_token_ids) + max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt + max_tokens exceed max_model_len {self.config.max_model_len}")
+        peak = cdiv(len(prompt_token_ids) + max_tokens - 1, self.block_size)
+        if peak > self.pool.usable:
+            raise ValueError(f"request needs {peak} KV blocks, the pool has {self.pool.usable}")
+        arrival = self.now if arrival_time is None else arrival_time
+        caching = self.config.enable_prefix_caching
+        req = _Request(
+            request_id=request_id,
+            prompt=tuple(prompt_token_ids),
+            max_tokens=max_tokens,
+            arrival=arrival,
+            salt=cache_salt,
+            hashes=block_hashes(prompt_token_ids, self.block_size, cache_salt) if caching else [],
+            peak_blocks=peak,
+        )
+        self._ids.add(request_id)
+        if arrival > self.now:
+            self._future.append(req)
+            self._future.sort(key=lambda r: r.arrival)
+        else:
+            self._waiting.append(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is; its blocks go back (cached ones stay cached)."""
+        for queue in (self._running, self._waiting, self._future):
+            for r in queue:
+                if r.request_id == request_id:
+                    queue.remove(r)
+                    self._finish(r)
+                    return True
+        return False
+
+    def advance_to(self, t: float) -> None:
+        """Let virtual time pass while the engine is idle (or catch up to a clock)."""
+        if not self._running and not self._waiting:
+            self.now = max(self.now, t)
+
+    # -- the step -------------------------------------------------------------------------
+
+    def _outstanding(self) -> int:
+        return sum(r.peak_blocks - len(r.blocks) for r in self._running)
+
+    def _try_admit(self, req: _Request) -> bool:
+        """Admit if the request's peak fits beside every running request's remaining peak."""
+        max_hit = (req.prompt_len - 1) // self.block_size  # vLLM computes at least one token
+        hits = self.pool.lookup(req.hashes[:max_hit]) if self.config.enable_prefix_caching else []
+        revived = sum(1 for b in hits if self.pool.is_evictable(b))
+        need = req.peak_blocks - len(hits) + revived
+        if need > self.pool.available - self._outstanding():
+            return False
+        for b in hits:
+            self.pool.touch(b)
+        req.blocks = list(hits)
+        req.computed = req.cached_tokens = len(hits) * self.block_size
+        if self.config.enable_prefix_caching:
+            self.prefix_cache_queries += req.prompt_len
+            self.prefix_cache_hits += req.cached_tokens
+        return True
+
+    def _grow(self, req: _Request, kv_tokens: int) -> None:
+        """Hold blocks for `kv_tokens` tokens of KV (never past the reserved peak)."""
+        want = min(cdiv(kv_tokens, self.block_size), req.peak_blocks)
+        while len(req.blocks) < want:
+            req.blocks.append(self.pool.allocate())
+        full = min(req.computed, req.prompt_len) // self.block_size
+        for i in range(min(full, len(req.hashes))):
+            self.pool.register(req.blocks[i], req.hashes[i])
+
+    def _finish(self, req: _Request) -> None:
+        self.pool.release(req.blocks)
+        req.blocks = []
+        self._ids.discard(req.request_id)
+
+    def _release_arrivals(self) -> None:
+        while self._future and self._future[0].arrival <= self.now:
+            self._waiting.append(self._future.pop(0))
+
+    def _schedule(self) -> tuple[list[_Request], list[tuple[_Request, int]]]:
+        """(decoding requests, (prefilling request, chunk)) for this step."""
+        budget = self.config.max_num_batched_tokens
+        k1 = self.model.spec.draft_tokens + 1
+        # As vLLM: the cap applies only when another request runs or waits (nobody to starve otherwise).
+        cap = self.config.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
+        decodes: list[_Request] = []
+        chunks: list[tuple[_Request, int]] = []
+
+        def chunk(r: _Request, budget: int) -> int:
+            n = r.prompt_len - r.computed
+            return min(n, cap, budget) if cap else min(n, budget)
+
+        for r in self._running:
+            if budget <= 0:
+                break
+            if r.prefilling:
+                n = chunk(r, budget)
+                chunks.append((r, n))
+                budget -= n
+            else:
+                decodes.append(r)
+                budget -= k1
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            req = self._waiting[0]
+            if not self._try_admit(req):
+                break  # FCFS: nobody overtakes a request that is waiting for blocks
+            self._waiting.pop(0)
+            self._running.append(req)
+            n = chunk(req, budget)
+            chunks.append((req, n))
+            budget -= n
+        return decodes, chunks
+
+    def step(self) -> StepResult:
+        """Run one engine step (jumping over idle time to the next arrival, if any)."""
+        self._release_arrivals()
+        if not self._running and not self._waiting and self._future:
+            self.now = self._future[0].arrival
+            self._release_arrivals()
+        decodes, chunks = self._schedule()
+        start = self.now
+        cost = step_cost(
+            self.box,
+            self.model,
+            [r.prompt_len + r.generated - 1 for r in decodes],
+            [(r.computed, n, r.computed + n == r.prompt_len) for r, n in chunks],
+        )
+        self.now = start + cost.seconds
+        if cost.tokens:
+            self.steps += 1
+        events = [self._after_prefill(r, n) for r, n in chunks]
+        events += [self._after_decode(r) for r in decodes]
+        in_use = self.pool.in_use
+        done = {e.request_id for e in events if e.finished}
+        for r in [r for r in self._running if r.request_id in done]:
+            self._running.remove(r)
+            self._finish(r)
+        return StepResult(
+            start=start,
+            end=self.now,
+            cost=cost,
+            events=tuple(e for e in events if e.new_tokens or e.finished),
+            prefill_tokens=sum(n for _, n in chunks),
+            decode_seqs=len(decodes),
+            blocks_in_use=in_use,
+        )
+
+    def _event(self, r: _Request, new: int, first: bool) -> RequestEvent:
+        self.generation_tokens += new
+        return RequestEvent(
+            request_id=r.request_id,
+            new_tokens=new,
+            first_token=first,
+            finished=r.generated >= r.max_tokens,
+            prompt_tokens=r.prompt_len,
+            num_cached_tokens=r.cached_tokens,
+        )
+
+    def _after_prefill(self, r: _Request, n: int) -> RequestEvent:
+        r.computed += n
+        self._grow(r, r.computed)
+        if r.prefilling:
+            return self._event(r, 0, False)
+        r.generated = 1  # the step that completes the prompt samples the first token
+        return self._event(r, 1, True)
+
+    def _after_decode(self, r: _Request) -> RequestEvent:
+        sd = self.model.spec
+        r.credit += sd.expected_tokens
+        accepted = max(1, min(sd.draft_tokens + 1, math.floor(r.credit)))
+        r.credit -= accepted
+        new = min(accepted, r.max_tokens - r.generated)
+        r.generated += new
+        self._grow(r, r.prompt_len + r.generated - 1)
+        return self._event(r, new, False)
+
+    def run_until_idle(self, max_steps: int = 10_000_000) -> list[StepResult]:
+        """Step until every submitted request has finished (for benchmarks and tests)."""
+        results: list[StepResult] = []
+        while self.has_work and len(results) < max_steps:
+            results.append(self.step())
+        return results
