@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from gateway.quota_store import MemoryQuotaStore, QuotaStore, RedisQuotaStore, Reserved
+from gateway.quota import MemoryQuotaStore, QuotaStore, RedisQuotaStore, Reserved
 from policies.quotas import Limits
 
 SCOPES = [

@@ -132,7 +132,7 @@ class AuthSettings(_Model):
 
 
 class QuotaSettings(_Model):
-    """Per-key quotas and where their counters live (see gateway/quota_store.py)."""
+    """Per-key quotas and where their counters live (see gateway/quota/)."""
 
     # "memory": this process only (the embedded default); "redis": shared by every replica.
     store: Literal["memory", "redis"] = "memory"

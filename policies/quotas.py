@@ -12,9 +12,9 @@ Per scope (a key, its team):
   settled, and it leaves `window_ms` after it was reserved.
 - daily_tokens / monthly_tokens: UTC calendar day / month budgets.
 
-`gateway/quota_store.py` applies these rules in-process (MemoryQuotaStore) and
-inside Redis (its Lua script mirrors `check` line by line); one test suite
-runs against both.
+`gateway/quota/` applies these rules in-process (MemoryQuotaStore) and inside
+Redis (its Lua script, scripts/reserve.lua, mirrors `check` line by line); one
+test suite runs against both.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.deps import Admin, AppState, Caller, State
 from gateway.errors import InvalidRequest, RouteNotFound
-from gateway.quota_store import KeyRecord, ScopeUsage
+from gateway.quota import KeyRecord, ScopeUsage
 from gateway.router import unknown_slo_class
 from gateway.settings import KeyLimits, hash_key
 

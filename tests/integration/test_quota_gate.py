@@ -12,8 +12,7 @@ import pytest
 
 from gateway.auth import Principal
 from gateway.errors import QuotaUnavailable, RateLimited
-from gateway.quota import QuotaGate
-from gateway.quota_store import MemoryQuotaStore
+from gateway.quota import MemoryQuotaStore, QuotaGate
 from gateway.settings import KeyLimits, QuotaSettings
 from tests.conftest import RedisServer
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.quota_store import KeyRecord, MemoryQuotaStore, QuotaStore, RedisQuotaStore, Refused, Reserved
+from gateway.quota import KeyRecord, MemoryQuotaStore, QuotaStore, RedisQuotaStore, Refused, Reserved
 from gateway.settings import KeyLimits
 from policies import quotas
 from policies.quotas import DenyReason, Limits

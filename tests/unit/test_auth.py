@@ -2,7 +2,7 @@ import pytest
 
 from gateway.auth import KeyRing
 from gateway.errors import AuthenticationFailed, PermissionDenied
-from gateway.quota_store import KeyRecord
+from gateway.quota import KeyRecord
 from gateway.settings import (
     AdminKey,
     ApiKey,

@@ -25,15 +25,22 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gateway.auth import Principal
 from gateway.errors import QuotaUnavailable, from_quota_refusal
-from gateway.quota_store import KeyRecord, MemoryQuotaStore, QuotaStore, RedisQuotaStore, Refused, Reserved, ScopeUsage
+from gateway.quota.memory import MemoryQuotaStore
+from gateway.quota.redis_store import RedisQuotaStore
+from gateway.quota.store import KeyRecord, QuotaStore, Refused, Reserved, ScopeUsage
 from gateway.settings import KeyLimits, PooledLimits, QuotaSettings
 from policies.quotas import Limits
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    # Annotations only: gateway.auth imports this package (KeyRecord), so a runtime
+    # import here would be circular.
+    from gateway.auth import Principal
+
+# The package's logger: quota log lines read "gateway.quota", whichever module wrote them.
+log = logging.getLogger("gateway.quota")
 T = TypeVar("T")
 
 PROBE_INTERVAL_S = 0.5
