@@ -100,7 +100,7 @@ class Server:
         return r.json()  # type: ignore[no-any-return]
 
 
-def test_config(tmp: Path, port: int) -> Path:
+def server_config(tmp: Path, port: int) -> Path:
     from gateway.settings import hash_key
 
     cfg = {
@@ -264,7 +264,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("server")
     port = free_port()
-    with launch(test_config(tmp, port), tmp / "server.log", port) as srv:
+    with launch(server_config(tmp, port), tmp / "server.log", port) as srv:
         yield srv
 
 

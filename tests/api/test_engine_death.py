@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, MOE, Server, free_port, launch, test_config
+from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, MOE, Server, free_port, launch, server_config
 
 pytestmark = pytest.mark.engine
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("doomed")
     port = free_port()
-    with launch(test_config(tmp, port), tmp / "server.log", port) as srv:
+    with launch(server_config(tmp, port), tmp / "server.log", port) as srv:
         yield srv
 
 
