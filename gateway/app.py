@@ -17,12 +17,12 @@ from gateway import errors
 from gateway import tokenizer as fast_tokenizer
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
-from gateway.deps import AppState, Counters
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
 from gateway.routes import admin, openai, ops
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
+from gateway.state import AppState, Counters
 from policies.admission import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)

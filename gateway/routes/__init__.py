@@ -1,1 +1,1 @@
-"""HTTP routes: thin, parse -> pipeline -> respond."""
+"""HTTP routes: thin, parse -> lifecycle -> answer."""
