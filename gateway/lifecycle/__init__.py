@@ -4,7 +4,10 @@ takes the job's holds in order, produces the answer, and gives every hold back e
 
     prepare.prepare_chat / prepare_completion   validate, normalize, tokenize once, route, budget
     run.start -> Running                        quota hold, routing's flight, admission
-    Running.body() / Running.events()           engine -> answer (generate, output); release once
+    Running.body() / Running.events()           engine -> answer in the surface's encoding; release once
+
+Nothing here knows HTTP: an API surface passes its encoders (gateway/http/output.py for
+OpenAI's chat and completions) and a function that returns when its client disconnects.
 """
 
 from gateway.lifecycle.job import Job, Meter

@@ -23,12 +23,12 @@ from engine_adapter.base import (
 )
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.lifecycle.job import Job
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import RouteInfo, Router
-from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
-from gateway.templates import history_prefix
+from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
 from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output

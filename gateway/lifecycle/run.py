@@ -3,7 +3,8 @@
     priority -> quota hold (a request over its key's limits never queues)
       -> routing's flight, and its hold (so as not to stall running requests)
       -> admission (a fair queue for KV room and a running slot; the client may leave)
-      -> engine -> the answer, whole (`Running.body`) or streamed (`Running.events`)
+      -> engine -> the answer, whole (`Running.body`) or streamed (`Running.events`), in
+         the encoding of the API surface that asked (it passes its encoders)
       -> release, once on every path: the admission ticket, the flight, and the quota
          settled with what the engine really did (the job's meter)
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from engine_adapter.base import EngineChunk
 from gateway.admission import Ticket
-from gateway.lifecycle import generate, output
+from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, priority_of
 from gateway.quota import Hold
@@ -35,6 +36,10 @@ from policies.admission import Demand
 log = logging.getLogger(__name__)
 
 ClientGone = Callable[[], Awaitable[None]]  # returns when the client disconnects
+Chunks = AsyncIterator[tuple[int, EngineChunk]]  # a job's engine output: (prompt index, chunk)
+# An API surface's encoders of a job's engine output: a whole body, or server-sent events.
+BodyEncoder = Callable[[Job, Chunks], Awaitable[dict[str, Any]]]
+EventEncoder = Callable[[Job, Chunks], AsyncIterator[str]]
 
 
 class ClientLeft(Exception):
@@ -178,12 +183,12 @@ class Running:
                     await watcher
             counters.by_model_inflight[name] -= 1
 
-    async def events(self) -> AsyncIterator[str]:
+    async def events(self, encode: EventEncoder) -> AsyncIterator[str]:
         """The answer as server-sent events; released when it ends, however it ends."""
         chunks = self._chunks()
         try:
             async with self._watched() as watcher:
-                async for line in output.stream(self.job, chunks):
+                async for line in encode(self.job, chunks):
                     if watcher.done():
                         return
                     yield line
@@ -193,13 +198,13 @@ class Running:
             await chunks.aclose()  # aborts engine requests still running
             self.release()
 
-    async def body(self) -> dict[str, Any]:
+    async def body(self, encode: BodyEncoder) -> dict[str, Any]:
         """The whole answer; released before it returns. ClientLeft if the client went away."""
         job, state = self.job, self.state
         chunks = self._chunks()
         try:
             async with self._watched() as watcher:
-                work = asyncio.ensure_future(output.complete(job, chunks))
+                work = asyncio.ensure_future(encode(job, chunks))
                 either: list[asyncio.Future[Any]] = [work, watcher]
                 try:
                     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine_adapter.base import EngineChunk
-from gateway import responses
 from gateway.errors import from_exception
+from gateway.http import responses
+from gateway.http.responses import ChoiceState, CompletionLogprobs, Usage
 from gateway.lifecycle.job import Job
-from gateway.responses import ChoiceState, CompletionLogprobs, Usage
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle
 from gateway.admission import Ticket
-from gateway.deps import Caller, State
-from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.http import output
+from gateway.http.deps import Caller, State
+from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import AppState
 from policies import prefix
 
@@ -31,7 +32,7 @@ class _ReleasingStream(StreamingResponse):
     body is never iterated (the client left before the first byte)."""
 
     def __init__(self, running: lifecycle.Running, **kw: Any) -> None:
-        super().__init__(running.events(), **kw)
+        super().__init__(running.events(output.stream), **kw)
         self.running = running
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,7 +80,7 @@ async def _answer(job: lifecycle.Job, state: AppState, request: Request) -> Resp
         headers = _headers(job, running.ticket)
         if job.stream:
             return _ReleasingStream(running, media_type="text/event-stream", headers=SSE_HEADERS | headers)
-        body = await running.body()
+        body = await running.body(output.complete)
     except lifecycle.ClientLeft:
         return Response(status_code=499)
     except BaseException:
