@@ -49,7 +49,7 @@ import yaml
 
 from benchmarks.overload import free_port, launch
 from gateway.settings import hash_key
-from gateway.templates import history_prefix
+from gateway.text.templates import history_prefix
 from policies import prefix
 
 ROOT = Path(__file__).resolve().parent.parent

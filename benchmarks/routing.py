@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine_adapter.spark import MODELS  # noqa: E402
-from gateway.fleet import DEFAULT_WORKLOAD, Deployed, Placement, Summary, placement_from_settings, simulate  # noqa: E402
-from gateway.plot import line_chart  # noqa: E402
+from gateway.plan.fleet import DEFAULT_WORKLOAD, Deployed, Placement, Summary, placement_from_settings, simulate  # noqa: E402
+from gateway.plan.plot import line_chart  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 
-WORKLOAD = DEFAULT_WORKLOAD  # chat 70%, long documents 10%, batch summaries 20% (gateway/fleet.py)
+WORKLOAD = DEFAULT_WORKLOAD  # chat 70%, long documents 10%, batch summaries 20% (gateway/plan/fleet.py)
 TARGET_ATTAINMENT = 0.99
 SINGLE_BELOW = 0.80
 

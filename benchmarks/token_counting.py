@@ -1,4 +1,4 @@
-"""Prompt tokenization: the HF fast tokenizer vs gateway.tokenizer.FastTokenizer, side by side.
+"""Prompt tokenization: the HF fast tokenizer vs gateway.text.tokenizer.FastTokenizer, side by side.
 
     .venv/bin/python benchmarks/token_counting.py [--model models/tiny-qwen3] [--repeats 1.0]
 
@@ -120,7 +120,7 @@ def main() -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from gateway.tokenizer import wrap
+    from gateway.text.tokenizer import wrap
     from policies.tokens import render_chat
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # no "longer than max length" noise

@@ -14,15 +14,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
 from gateway import errors
-from gateway import tokenizer as fast_tokenizer
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
-from gateway.deps import AppState, Counters
+from gateway.http import admin, openai, ops
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
-from gateway.routes import admin, openai, ops
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
+from gateway.state import AppState, Counters
+from gateway.text import tokenizer as fast_tokenizer
 from policies.admission import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)

@@ -182,8 +182,8 @@ def plan(
     """Capacity planner: requests/s and users each placement sustains within the SLOs."""
     import dataclasses
 
-    from gateway import planner
-    from gateway.fleet import DEFAULT_WORKLOAD
+    from gateway.plan import planner
+    from gateway.plan.fleet import DEFAULT_WORKLOAD
     from gateway.settings import load_settings
 
     try:

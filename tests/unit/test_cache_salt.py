@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.auth import Principal
-from gateway.pipeline import _cache_salt
+from gateway.lifecycle.prepare import _cache_salt
 from gateway.settings import PrefixSettings
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import planner
+from gateway.plan import planner
 from gateway.settings import load_settings
 from policies.memory_plan import MemoryPlan
 

@@ -1,4 +1,4 @@
-"""gateway/fleet.py: the simulated boxes in virtual time, with the gateway's own Router.
+"""gateway/plan/fleet.py: the simulated boxes in virtual time, with the gateway's own Router.
 
 Deterministic (virtual time, seeded arrivals): these check the mechanics, not performance
 (benchmarks/routing.py compares the strategies)."""
@@ -10,7 +10,7 @@ import pytest
 from engine_adapter.spark import MODELS
 from gateway.auth import ANONYMOUS
 from gateway.errors import SloUnattainable
-from gateway.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
+from gateway.plan.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
 from gateway.router import RouteInfo
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
 from policies.latency import Prediction

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 
 
 def chat(**kw: object) -> ChatCompletionRequest:

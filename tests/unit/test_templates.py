@@ -1,4 +1,4 @@
-"""gateway/templates.py: the history prefix is probed from the template, not assumed."""
+"""gateway/text/templates.py: the history prefix is probed from the template, not assumed."""
 
 from pathlib import Path
 from typing import Any
@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.templates import history_prefix
+from gateway.text.templates import history_prefix
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tokenizer import FastTokenizer, probe_corpus, wrap
+from gateway.text.tokenizer import FastTokenizer, probe_corpus, wrap
 from policies.tokens import render_chat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,7 @@ def test_bpe_ties_between_merges_of_one_token(hf: Any, fast: FastTokenizer) -> N
     # share a tiktoken rank. Where a token t = x+y = y+z, the pairs (x, y) and (y, z)
     # can compete; tiktoken takes the leftmost, HF the one listed first. Run both BPEs
     # on words built around every such token, and on random token concatenations.
-    from gateway.tokenizer import _byte_level_alphabet
+    from gateway.text.tokenizer import _byte_level_alphabet
 
     mirror = fast._mirror
     assert mirror is not None

@@ -1,4 +1,4 @@
-"""Run a job to completion (one JSON body) or as OpenAI server-sent events.
+"""A job's engine output as OpenAI answers: one JSON body, or server-sent events.
 
 Streams: `data: {chunk}\\n\\n` lines, a usage-only final chunk when
 `stream_options.include_usage` is set, then `data: [DONE]`. An error after
@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine_adapter.base import EngineChunk
-from gateway import responses
 from gateway.errors import from_exception
-from gateway.pipeline import Job, run
-from gateway.responses import ChoiceState, CompletionLogprobs, Usage
+from gateway.http import responses
+from gateway.http.responses import ChoiceState, CompletionLogprobs, Usage
+from gateway.lifecycle.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,12 @@ def _token_texts(token_lps: Any) -> list[str]:
     return [lp.token if lp is not None else "" for lp in token_lps]
 
 
-async def complete(job: Job) -> dict[str, Any]:
-    """Run a job and build the whole (non-streaming) response body."""
+async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
+    """The whole (non-streaming) response body from the job's merged engine chunks."""
     acct = _Accounting(job)
     states: dict[int, ChoiceState] = {}
     legacy: dict[int, CompletionLogprobs] = {}
-    async for i, chunk in run(job):
+    async for i, chunk in chunks:
         acct.observe(i, chunk)
         for c in chunk.choices:
             idx = _choice_index(job, i, c.index)
@@ -117,8 +117,8 @@ async def complete(job: Job) -> dict[str, Any]:
     )
 
 
-async def stream(job: Job) -> AsyncIterator[str]:
-    """The job as SSE lines. Closing this generator aborts the engine requests."""
+async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
+    """The job's merged engine chunks as SSE lines."""
     acct = _Accounting(job)
     started: set[int] = set()
     legacy: dict[int, CompletionLogprobs] = {}
@@ -138,7 +138,7 @@ async def stream(job: Job) -> AsyncIterator[str]:
         )
 
     try:
-        async for i, chunk in run(job):
+        async for i, chunk in chunks:
             acct.observe(i, chunk)
             out: list[dict[str, Any]] = []
             for c in chunk.choices:

@@ -1,77 +1,37 @@
-"""One request's hops, in order: resolve model -> tokenize once -> fit the context
--> build engine requests -> size its KV demand -> (admission, in the route) -> run
-(whole or streamed).
+"""The prepare phase: an API request becomes a `Job`, with no hold taken on anything.
 
-Later hops (prefix normalization, quota, routing) slot in between `prepare_*`
-and `run` without the routes changing.
+    resolve the model(s) it may use -> check limits -> normalize the prompt -> tokenize once
+      -> route (pick the model by SLO; the ids are counted again only if its vocabulary differs)
+      -> budget (fit the context, cap max_tokens) -> engine requests
+
+Every API surface builds its job here; `gateway.lifecycle.run` takes it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from engine_adapter.base import (
-    EngineChunk,
     EngineRequest,
     SamplingOptions,
     StructuredOutput,
 )
 from gateway.auth import Principal
-from gateway.errors import ContextLengthExceeded, EngineUnavailableError, InvalidRequest, ModelNotFound
+from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.lifecycle.job import Job
 from gateway.registry import ModelRegistry, ServedModel
-from gateway.router import Flight, RouteInfo, Router
-from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.router import RouteInfo, Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
-from gateway.templates import history_prefix
+from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
 from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
-
-
-@dataclass
-class Meter:
-    """What the engine really did for a job so far: the quota is settled with this."""
-
-    prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
-    completion_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class Job:
-    """A validated request, tokenized once, ready for its engine."""
-
-    kind: Literal["chat", "completion"]
-    id: str
-    created: int
-    served: ServedModel
-    principal: Principal
-    prompts: tuple[tokens.Prompt, ...]
-    requests: tuple[EngineRequest, ...]  # one per prompt
-    n: int
-    stream: bool
-    include_usage: bool
-    logprobs: int | None  # top-k to report, None when not requested
-    echo: bool = False
-    # Called once with the first prompt's cached-token count when the engine has
-    # prefilled it (admission makes its blocks shareable and reconciles hits).
-    on_prefill: Callable[[int], None] | None = field(default=None, compare=False)
-    meter: Meter = field(default_factory=Meter, compare=False)
-    # What prompt normalization changed ("off" when it did not run), for a response header.
-    prefix_changes: tuple[str, ...] = ("off",)
-    # Routing's decision and the request's timing record (None when routing is off).
-    route: RouteInfo | None = None
-    flight: Flight | None = field(default=None, compare=False)
-
-    @property
-    def worst_case_tokens(self) -> int:
-        """Prompt + every choice's max_tokens: what the quota reserves."""
-        return sum(len(p) + r.sampling.max_tokens * self.n for p, r in zip(self.prompts, self.requests, strict=True))
 
 
 def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -233,22 +193,6 @@ def _route(
     return next(c for c in fits if c.name == name), info
 
 
-def _fly(routing: Routing, job: Job) -> Job:
-    """Start the job's timing record on the model routing chose."""
-    if routing.router is None or job.route is None:
-        return job
-    first = job.requests[0]
-    out = min(first.sampling.max_tokens, routing.router.settings.default_output_tokens)
-    flight = routing.router.fly(
-        job.served.name,
-        first.prompt_token_ids,
-        out,
-        first.cache_salt,
-        job.route,
-    )
-    return dataclasses.replace(job, flight=flight)
-
-
 async def _render_for(
     served: ServedModel,
     messages: list[dict[str, Any]],
@@ -301,7 +245,7 @@ async def prepare_chat(
         prefix_changes=changes,
         route=info,
     )
-    return _fly(routing, job)
+    return job
 
 
 def _prefix_policy(served: ServedModel, principal: Principal) -> prefix.PrefixPolicy | None:
@@ -406,7 +350,7 @@ async def prepare_completion(
         echo=req.echo,
         route=info,
     )
-    return _fly(routing, job)
+    return job
 
 
 def priority_of(principal: Principal, header: str | None) -> int:
@@ -450,98 +394,3 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
         tokens=job.worst_case_tokens,
         user_max_running=user_max_running,
     )
-
-
-async def route_hold(job: Job) -> None:
-    """Wait until routing lets the job go to its engine (its hold, on the engine's clock)."""
-    if job.flight is None:
-        return
-    engine = job.served.engine
-    while True:
-        while (left := job.flight.not_before - engine.clock()) > 0:
-            # The engine's clock may run faster than the wall clock (a simulated box): poll.
-            await asyncio.sleep(min(0.25, left))
-        if not job.flight.hold_again():
-            return
-
-
-async def _checked(
-    stream: AsyncIterator[EngineChunk],
-    meter: Meter,
-    prompt_tokens: int,
-    on_prefill: Callable[[int], None] | None = None,
-    flight: Flight | None = None,
-) -> AsyncIterator[EngineChunk]:
-    """Engine chunks; an engine-side abort becomes a 503. The meter counts the prompt
-    at the first chunk and every output token; `on_prefill` gets the first chunk's
-    cached-token count (the prompt is in the engine's cache by then); the flight (routing's
-    timing record) sees when each output came."""
-    first = True
-    async for chunk in stream:
-        if first:
-            meter.prompt_tokens += prompt_tokens
-            first = False
-        new = sum(len(c.token_ids) for c in chunk.choices)
-        meter.completion_tokens += new
-        if flight is not None:
-            flight.tokens(new, chunk.num_cached_tokens)
-        for c in chunk.choices:
-            if c.finish_reason == "abort":
-                raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
-        if on_prefill is not None:
-            on_prefill(chunk.num_cached_tokens)
-            on_prefill = None
-        yield chunk
-
-
-async def run(job: Job) -> AsyncIterator[tuple[int, EngineChunk]]:
-    """All of a job's engine streams, merged: (prompt index, chunk).
-
-    Closing this iterator cancels every engine stream, which aborts their
-    engine requests.
-    """
-    engine = job.served.engine
-    if len(job.requests) == 1:
-        stream = _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), job.on_prefill, job.flight)
-        async for chunk in stream:
-            yield 0, chunk
-        return
-    queue: asyncio.Queue[tuple[int, EngineChunk] | BaseException | None] = asyncio.Queue()
-
-    async def pump(i: int, request: EngineRequest) -> None:
-        try:
-            stream = engine.generate(request)
-            first = i == 0
-            checked = _checked(
-                stream, job.meter, len(job.prompts[i]), job.on_prefill if first else None, job.flight if first else None
-            )
-            async for chunk in checked:
-                await queue.put((i, chunk))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:  # surfaced to the consumer below
-            await queue.put(e)
-        finally:
-            await queue.put(None)
-
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(job.requests)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def abort(job: Job) -> None:
-    """Abort every engine request of the job (finished ones are ignored)."""
-    for r in job.requests:
-        await job.served.engine.abort(r.request_id)

@@ -1,5 +1,5 @@
 """`sparkgate plan`: how much of a workload each placement of the models on DGX Spark boxes
-sustains within its SLOs, on the box model (gateway/fleet.py), routed by the gateway's Router.
+sustains within its SLOs, on the box model (gateway/plan/fleet.py), routed by the gateway's Router.
 
 A placement puts each model on a box, or leaves it out; a box holds its models' weights
 and a share of KV within its usable memory (the three models cannot all share one box).
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from html import escape
 
 from engine_adapter.spark import MODELS, GiB
-from gateway.fleet import Deployed, Placement, RequestKind, Summary, simulate
-from gateway.plot import line_chart
+from gateway.plan.fleet import Deployed, Placement, RequestKind, Summary, simulate
+from gateway.plan.plot import line_chart
 from gateway.settings import ModelSettings, RoutingSettings
 
 # What the planner assumes of a box: 128 GiB, of which vLLM may use this share.

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from gateway.deps import Caller, State
+from gateway.http.deps import Caller, State
 
 router = APIRouter()
 

@@ -17,11 +17,12 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.deps import Admin, AppState, Caller, State
 from gateway.errors import InvalidRequest, RouteNotFound
+from gateway.http.deps import Admin, Caller, State
 from gateway.quota import KeyRecord, ScopeUsage
 from gateway.router import unknown_slo_class
 from gateway.settings import KeyLimits, hash_key
+from gateway.state import AppState
 
 router = APIRouter(prefix="/sparkgate")
 

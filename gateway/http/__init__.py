@@ -1,0 +1,1 @@
+"""HTTP routes: thin, parse -> lifecycle -> answer."""

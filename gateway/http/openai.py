@@ -1,0 +1,137 @@
+"""POST /v1/chat/completions and /v1/completions, GET /v1/models: parse, run the lifecycle, answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway import lifecycle
+from gateway.admission import Ticket
+from gateway.http import output
+from gateway.http.deps import Caller, State
+from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.state import AppState
+from policies import prefix
+
+router = APIRouter(prefix="/v1")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _client_left(request: Request) -> None:
+    """Return when the client disconnects. The body was read, so the next message can only be that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _ReleasingStream(StreamingResponse):
+    """A stream that gives back its job's holds however the response ends, even when the
+    body is never iterated (the client left before the first byte)."""
+
+    def __init__(self, running: lifecycle.Running, **kw: Any) -> None:
+        super().__init__(running.events(output.stream), **kw)
+        self.running = running
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.running.release()
+
+
+def _headers(job: lifecycle.Job, ticket: Ticket) -> dict[str, str]:
+    headers = {
+        "X-Request-Id": job.id,
+        "X-Sparkgate-Model": job.served.name,
+        "X-Sparkgate-Queue-Wait-Ms": str(round(ticket.waited_s * 1000)),
+        "X-Sparkgate-Admission-Seq": str(ticket.seq),
+        # What normalization changed, and how much of the first prompt a later request can
+        # reuse from the cache (whole blocks; the cached count itself is in the usage).
+        "X-Sparkgate-Prefix": ",".join(job.prefix_changes) or "none",
+        "X-Sparkgate-Cacheable-Tokens": str(
+            prefix.cacheable_tokens(len(job.prompts[0]), job.served.engine.kv_spec.block_size)
+        ),
+    }
+    if job.route is not None:  # which model routing chose, why, and what it expects
+        headers |= {
+            "X-Sparkgate-SLO": job.route.slo,
+            "X-Sparkgate-Route": job.route.reason,
+            "X-Sparkgate-Predicted-TTFT-Ms": str(round(job.route.predicted.ttft_s * 1000)),
+            "X-Sparkgate-Predicted-TPOT-Ms": str(round(job.route.predicted.tpot_s * 1000, 1)),
+        }
+    return headers
+
+
+async def _answer(job: lifecycle.Job, state: AppState, request: Request) -> Response:
+    """Run the job and answer: a JSON body, a stream, or 499 for a client that left."""
+    try:
+        running = await lifecycle.start(
+            job,
+            state,
+            priority_header=request.headers.get(state.settings.admission.priority_header),
+            client_gone=lambda: _client_left(request),
+        )
+    except lifecycle.ClientLeft:
+        return Response(status_code=499)
+    try:
+        headers = _headers(job, running.ticket)
+        if job.stream:
+            return _ReleasingStream(running, media_type="text/event-stream", headers=SSE_HEADERS | headers)
+        body = await running.body(output.complete)
+    except lifecycle.ClientLeft:
+        return Response(status_code=499)
+    except BaseException:
+        running.release()  # idempotent: body() has released already where it ran
+        raise
+    cached = (body.get("usage") or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return JSONResponse(body, headers=headers | {"X-Sparkgate-Cached-Tokens": str(cached)})
+
+
+def _routing(state: AppState, request: Request) -> lifecycle.Routing:
+    if state.router is None:
+        return lifecycle.NO_ROUTING
+    return lifecycle.Routing(state.router, request.headers.get(state.settings.routing.header))
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
+    state.counters.requests += 1
+    job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, _routing(state, request))
+    return await _answer(job, state, request)
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
+    state.counters.requests += 1
+    job = await lifecycle.prepare_completion(
+        body, state.registry, caller, state.settings.limits, _routing(state, request)
+    )
+    return await _answer(job, state, request)
+
+
+@router.get("/models")
+async def list_models(state: State, caller: Caller) -> dict[str, Any]:
+    data = []
+    for served in state.registry:
+        if not caller.may_use(served.settings.names):
+            continue
+        for name in served.settings.names:
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "sparkgate",
+                    "root": served.name,
+                    "max_model_len": served.engine.max_model_len,
+                }
+            )
+    if state.router is not None:  # names that route: a chat frontend can offer them like models
+        for alias, strategy in state.settings.routing.aliases.items():
+            data.append(
+                {"id": alias, "object": "model", "created": 0, "owned_by": "sparkgate", "root": f"route:{strategy}"}
+            )
+    return {"object": "list", "data": data}

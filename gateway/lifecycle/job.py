@@ -1,0 +1,48 @@
+"""A request once prepared: validated, tokenized once, its model chosen, its budget set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine_adapter.base import EngineRequest
+from gateway.auth import Principal
+from gateway.registry import ServedModel
+from gateway.router import RouteInfo
+from policies import tokens
+
+
+@dataclass
+class Meter:
+    """What the engine really did for a job so far: the quota is settled with this."""
+
+    prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request, tokenized once, ready for its engine."""
+
+    kind: Literal["chat", "completion"]
+    id: str
+    created: int
+    served: ServedModel
+    principal: Principal
+    prompts: tuple[tokens.Prompt, ...]
+    requests: tuple[EngineRequest, ...]  # one per prompt
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top-k to report, None when not requested
+    echo: bool = False
+    meter: Meter = field(default_factory=Meter, compare=False)
+    # What prompt normalization changed ("off" when it did not run), for a response header.
+    prefix_changes: tuple[str, ...] = ("off",)
+    # Routing's decision (None when routing is off); its timing record starts when it runs.
+    route: RouteInfo | None = None
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """Prompt + every choice's max_tokens: what the quota reserves."""
+        return sum(len(p) + r.sampling.max_tokens * self.n for p, r in zip(self.prompts, self.requests, strict=True))

@@ -1,0 +1,234 @@
+"""The run phase: a prepared job through its holds to its answer, released exactly once.
+
+    priority -> quota hold (a request over its key's limits never queues)
+      -> routing's flight, and its hold (so as not to stall running requests)
+      -> admission (a fair queue for KV room and a running slot; the client may leave)
+      -> engine -> the answer, whole (`Running.body`) or streamed (`Running.events`), in
+         the encoding of the API surface that asked (it passes its encoders)
+      -> release, once on every path: the admission ticket, the flight, and the quota
+         settled with what the engine really did (the job's meter)
+
+The quota is held before routing's flight starts: a refused request leaves no trace in
+the routing model to undo, and the flight, which other requests' predictions count, starts
+only for a request that will run (docs/lifecycle.md). A client that goes away aborts its
+engine requests at once. Nothing here knows HTTP: the caller passes `client_gone`, which
+returns when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from engine_adapter.base import EngineChunk
+from gateway.admission import Ticket
+from gateway.lifecycle import generate
+from gateway.lifecycle.job import Job
+from gateway.lifecycle.prepare import demand, priority_of
+from gateway.quota import Hold
+from gateway.router import Flight, Router
+from gateway.state import AppState
+from policies.admission import Demand
+
+log = logging.getLogger(__name__)
+
+ClientGone = Callable[[], Awaitable[None]]  # returns when the client disconnects
+Chunks = AsyncIterator[tuple[int, EngineChunk]]  # a job's engine output: (prompt index, chunk)
+# An API surface's encoders of a job's engine output: a whole body, or server-sent events.
+BodyEncoder = Callable[[Job, Chunks], Awaitable[dict[str, Any]]]
+EventEncoder = Callable[[Job, Chunks], AsyncIterator[str]]
+
+
+class ClientLeft(Exception):
+    """The client went away: nobody is left to answer."""
+
+
+async def start(job: Job, state: AppState, *, priority_header: str | None, client_gone: ClientGone) -> Running:
+    """Take the job's holds in order; on any failure give back what was taken and raise."""
+    wanted = demand(
+        job,
+        priority=priority_of(job.principal, priority_header),
+        user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
+    )
+    hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+    flight = _fly(state.router, job)
+    try:
+        if flight is not None:
+            await _route_hold(job, flight)
+        ticket = await _admit(wanted, state, client_gone)
+    except BaseException as e:
+        hold.release()
+        if flight is not None:
+            flight.finish()  # it never reached its engine
+        if isinstance(e, ClientLeft):
+            log.info("%s: client left while queued", job.id)
+        raise
+    if flight is not None:
+        flight.admitted()
+    return Running(job, state, ticket, hold, flight, client_gone)
+
+
+def _fly(router: Router | None, job: Job) -> Flight | None:
+    """Start the job's timing record on the model routing chose (None: routing is off)."""
+    if router is None or job.route is None:
+        return None
+    first = job.requests[0]
+    out = min(first.sampling.max_tokens, router.settings.default_output_tokens)
+    return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route)
+
+
+async def _route_hold(job: Job, flight: Flight) -> None:
+    """Wait until routing lets the job go to its engine (its hold, on the engine's clock)."""
+    engine = job.served.engine
+    while True:
+        while (left := flight.not_before - engine.clock()) > 0:
+            # The engine's clock may run faster than the wall clock (a simulated box): poll.
+            await asyncio.sleep(min(0.25, left))
+        if not flight.hold_again():
+            return
+
+
+async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ticket:
+    """Wait for the job's turn (KV room, a slot, fairness), or for the client to leave."""
+    acquire = asyncio.ensure_future(state.admission.acquire(wanted))
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait([acquire, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not acquire.done():
+            acquire.cancel()  # gives the queue place (or a just-granted admission) back
+            with contextlib.suppress(BaseException):
+                await acquire
+        if not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+    if watcher.done() and not watcher.cancelled():
+        # The client left. The cancel may have lost a race with the admission: give it back.
+        if not acquire.cancelled() and acquire.exception() is None:
+            acquire.result().release()
+        state.counters.client_disconnects += 1
+        raise ClientLeft
+    return acquire.result()
+
+
+class Running:
+    """An admitted job: its holds, given back together, once (`release`), however its
+    answer ends: done, failed, cancelled, or never asked for."""
+
+    def __init__(
+        self, job: Job, state: AppState, ticket: Ticket, hold: Hold, flight: Flight | None, client_gone: ClientGone
+    ) -> None:
+        self.job = job
+        self.state = state
+        self.ticket = ticket
+        self.hold = hold
+        self.flight = flight
+        self.client_gone = client_gone
+        self.returned = False  # the client got the whole answer (and its usage)
+        self._released = False
+        log.info(
+            "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
+            job.id,
+            job.served.name,
+            job.principal.name,
+            "+".join(str(len(p)) for p in job.prompts),
+            job.requests[0].sampling.max_tokens,
+            job.n,
+            job.stream,
+            ticket.waited_s,
+        )
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.ticket.release()
+        if self.flight is not None:
+            self.flight.finish()
+        m = self.job.meter
+        self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+
+    def _chunks(self) -> AsyncGenerator[tuple[int, EngineChunk], None]:
+        bs = self.job.served.engine.kv_spec.block_size
+        ticket = self.ticket
+        return generate.run(self.job, on_prefill=lambda cached: ticket.prefilled(cached // bs), flight=self.flight)
+
+    @contextlib.asynccontextmanager
+    async def _watched(self) -> AsyncIterator[asyncio.Future[None]]:
+        """While the answer is being produced, watch for the client leaving and then abort
+        the job's engine requests at once. Waiting for the answer's generator to be closed
+        is not enough: on ASGI 2.4 servers Starlette stops iterating without closing it,
+        and it is finalized only when collected."""
+        counters = self.state.counters
+        name = self.job.served.name
+
+        async def watch() -> None:
+            await self.client_gone()
+            counters.client_disconnects += 1
+            log.info("client went away: aborting %s", self.job.id)
+            await generate.abort(self.job)
+
+        counters.by_model_inflight[name] = counters.by_model_inflight.get(name, 0) + 1
+        watcher = asyncio.ensure_future(watch())
+        try:
+            yield watcher
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            counters.by_model_inflight[name] -= 1
+
+    async def events(self, encode: EventEncoder) -> AsyncIterator[str]:
+        """The answer as server-sent events; released when it ends, however it ends."""
+        chunks = self._chunks()
+        try:
+            async with self._watched() as watcher:
+                async for line in encode(self.job, chunks):
+                    if watcher.done():
+                        return
+                    yield line
+            self.state.counters.completed += 1
+            self.returned = True
+        finally:
+            await chunks.aclose()  # aborts engine requests still running
+            self.release()
+
+    async def body(self, encode: BodyEncoder) -> dict[str, Any]:
+        """The whole answer; released before it returns. ClientLeft if the client went away."""
+        job, state = self.job, self.state
+        chunks = self._chunks()
+        try:
+            async with self._watched() as watcher:
+                work = asyncio.ensure_future(encode(job, chunks))
+                either: list[asyncio.Future[Any]] = [work, watcher]
+                try:
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    # The client left (its engine requests are being aborted), or this
+                    # task itself was cancelled: either way the work must not outlive it.
+                    client_left = watcher.done()
+                    if client_left or not work.done():
+                        work.cancel()
+                        with contextlib.suppress(BaseException):
+                            await work
+                if client_left:
+                    raise ClientLeft
+                body = work.result()
+                self.returned = True
+        except ClientLeft:
+            raise
+        except Exception:
+            state.counters.failed += 1
+            if not job.served.engine.is_healthy:
+                state.admission.close(job.served.name)  # nobody waiting for a dead engine should wait on
+            raise
+        finally:
+            await chunks.aclose()
+            self.release()
+        state.counters.completed += 1
+        return body

@@ -1,1 +1,0 @@
-"""HTTP routes: thin, parse -> pipeline -> respond."""
