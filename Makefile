@@ -39,7 +39,7 @@ test: models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	# The pure decision modules must stay fully branch-covered by their unit tests.
-	$(PY) -m pytest -q tests --cov=policies.admission --cov=policies.kv --cov=policies.memory_plan --cov=policies.quotas --cov=policies.prefix --cov=policies.latency --cov=policies.routing --cov=policies.shares \
+	$(PY) -m pytest -q tests --cov=policies.admission --cov=policies.kv --cov=policies.memory_plan --cov=policies.quotas --cov=policies.prefix --cov=policies.latency --cov=policies.lanes --cov=policies.load --cov=policies.routing --cov=policies.shares \
 		--cov-branch --cov-report=term-missing --cov-fail-under=100
 
 clean:
