@@ -5,7 +5,7 @@ arrivals) at rising load, in virtual time on the box model (engine_adapter/spark
 checked against the measurements by benchmarks/sim_vs_measured.py). Strategies, side by side
 on the same arrivals:
 
-- router:       the gateway's Router (gateway/router.py) over the placement of
+- router:       the gateway's routing (policies/load.py) over the placement of
                 config/sim-dgx-spark.yaml (two boxes: 35B-A3B + 27B | Flash-Next), learning
                 latency online from what it observes;
 - round-robin:  the same placement, models in turn;

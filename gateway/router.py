@@ -1,490 +1,60 @@
-"""Latency-SLO routing in the gateway: the state `policies.routing.choose` needs, kept
-per served model, and what it learns from every request it routed.
-
-For each model the router keeps its `LatencyModel` (a profile from config, corrected
-online), the requests it sent there (queued for a slot, prefilling, decoding) and a
-shadow of the engine's prefix cache (the prompt blocks recently sent). A prediction for
-a new request is then:
-
-    TTFT = max(wait for a running slot, the prefills ahead) + its own prefill,
-           stretched where a busy engine on the same box overlaps it
-    TPOT = the model's time per token at the concurrency it will join, at its context,
-           stretched likewise, and by the share of time recent prompts spend prefilling
-
-and a check that its prefill would not push a running request past its TPOT objective,
-nor (where the engine caps prefill chunks) one still to prefill past its TTFT objective
-(if it would, a request that can wait is held back until that one is done). Where an SLO
-class has `reserve_slots`, a request of another class that can wait is also held while
-sending it would leave fewer slots free, or no engine ready for that class (`Router.reserve`).
-See docs/routing.md. Times come from each engine's own clock (`Engine.clock()`): a simulated
-engine runs faster than the wall clock, and its SLOs are in its seconds.
+"""Latency-SLO routing in the gateway: the served models' engines as lanes of the pure load
+model (policies/load.py), each request's SLO class and candidate models, and the HTTP
+errors for a request no model can take. See docs/routing.md.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.auth import Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
 from gateway.registry import ServedModel
-from gateway.settings import RoutingSettings, SloClass
-from policies import kv
-from policies.latency import LatencyModel, Prediction, Profile, slot_wait
-from policies.routing import Candidate, NoRoute, Route, Slo, choose
-
-log = logging.getLogger(__name__)
-
-BUSY_HISTORY_S = 600.0  # how far back box-mates' busy spans are kept (longer than any prefill)
-MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
-PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
-MAX_PREFILL_SHARE = 0.8
+from gateway.settings import RoutingSettings
+from policies.lanes import Flight, LaneSpec
+from policies.latency import Profile
+from policies.load import LoadModel, RouteInfo, RouteQuery
+from policies.routing import Slo
 
 
-@dataclass(frozen=True)
-class RouteInfo:
-    """What routing decided for a request, for its response headers."""
-
-    slo: str
-    reason: str
-    predicted: Prediction
-    tpot_objective: float | None = None
-    ttft_objective: float | None = None
-    hold_s: float = 0.0  # hold it this long before it goes to the engine (engine seconds)
+def slo_classes(settings: RoutingSettings) -> dict[str, Slo]:
+    """The configured SLO classes as routing reads them (objectives without headroom)."""
+    return {
+        name: Slo(name, c.ttft_s, c.tpot_s, c.deadline_s, prefer=c.prefer, reserve_slots=c.reserve_slots)
+        for name, c in settings.classes.items()
+    }
 
 
-@dataclass(frozen=True)
-class Harm:
-    """What a new request would do to the requests on an engine (see `Lane.harms`)."""
-
-    reason: str = ""  # empty: it pushes none past its objective
-    clears_s: float = 0.0  # seconds until the last one it would push is done
-    crowding: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
-
-
-@dataclass(frozen=True)
-class Reserve:
-    """What a new request would take from a reserved SLO class's capacity (see
-    `Router.reserve`): nothing, or how long to hold it so that it does not."""
-
-    wait_s: float = 0.0  # 0: it takes nothing
-    why: str = ""  # what holding it keeps, for the route's reason
-    # Requests of the reserved class expected while no engine is ready for them if it is
-    # sent now: one that cannot wait is turned away when that is at least one.
-    costs: float = 0.0
-
-
-@dataclass
-class Flight:
-    """One routed request on its way through an engine: its timing feeds the model."""
-
-    lane: Lane
-    prompt_tokens: int
-    output_tokens: int  # expected (max_tokens, or the routing default)
-    keys: tuple[Hashable, ...]  # its prompt's prefix-cache keys
-    routed_at: float
-    tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
-    not_before: float = 0.0  # held until then (engine clock) so as not to stall running requests
-    ttft_due: float | None = None  # its first token is due by then (engine clock; SLO with headroom)
-    admitted_at: float | None = None
-    first_at: float | None = None
-    last_at: float | None = None
-    cached_tokens: int = 0
-    generated: int = 0
-    concurrency_sum: int = 0  # running flights seen at each output, for the mean concurrency
-    chunks: int = 0
-    # Others' work overlapped its prefill / its decode (another prompt prefilling here, a
-    # box-mate busy): such timings are not the model's own speed, so they teach it nothing.
-    # The predictions add those effects explicitly.
-    prefill_shared: bool = False
-    decode_shared: bool = False
-    done: bool = False
-    # At the end of its hold, seconds more to hold it so as not to take a reserved SLO
-    # class's capacity (`Router.reserve`); None: no class is reserved from it.
-    reserve: Callable[[Flight], float] | None = None
-
-    def admitted(self) -> None:
-        self.admitted_at = self.lane.clock()
-        self.prefill_shared = self.lane.shared(self)
-
-    @property
-    def prefilling(self) -> bool:
-        return self.admitted_at is not None and self.first_at is None
-
-    def tokens(self, n: int, cached_tokens: int | None = None) -> None:
-        """`n` new output tokens; the first call carries the engine's cached-token count."""
-        now = self.lane.clock()
-        if self.first_at is None:
-            self.first_at = now
-            self.cached_tokens = cached_tokens or 0
-            self.lane.seen(self.keys)
-            if self.admitted_at is not None and not (self.prefill_shared or self.lane.shared(self)):
-                self.lane.latency.observe_ttft(
-                    now - self.admitted_at, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens
-                )
-        else:
-            self.decode_shared = self.decode_shared or self.lane.shared(self)
-        self.last_at = now
-        self.generated += n
-        self.chunks += 1
-        self.concurrency_sum += self.lane.running()
-
-    def finish(self) -> None:
-        """Idempotent: observe the decode speed and leave the lane."""
-        if self.done:
-            return
-        self.done = True
-        self.lane.remove(self)
-        if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
-            return
-        if self.decode_shared:  # not the model's own speed (see `decode_shared`)
-            return
-        tpot = (self.last_at - self.first_at) / (self.generated - 1)
-        concurrency = max(1, round(self.concurrency_sum / self.chunks))
-        self.lane.latency.observe_tpot(
-            tpot, concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
-        )
-
-    def hold_again(self) -> float:
-        """Seconds more to hold it at the end of its hold (0: send it now)."""
-        wait = self.lane.hold_again(self)
-        if not wait and self.reserve is not None:
-            wait = self.reserve(self)
-            self.not_before = self.lane.clock() + wait
-        return wait
-
-    def remaining_s(self, tpot_s: float) -> float:
-        """Predicted seconds until it frees its slot (it runs to its expected length)."""
-        return max(0, self.output_tokens - self.generated) * tpot_s
-
-
-@dataclass
-class Lane:
-    """One model's routing state."""
-
-    served: ServedModel
-    latency: LatencyModel
-    slots: int
-    clock: Callable[[], float]
-    flights: list[Flight] = field(default_factory=list)
-    cache: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
-    cache_blocks: int = 0  # the shadow holds at most the engine's pool
-    # Engines on the same box: they share its memory bandwidth, so a prefill on one
-    # slows the decodes of all.
-    mates: list[Lane] = field(default_factory=list)
-    # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
-    # that prompts take, which requests decoding here will also wait through.
-    prefills: deque[tuple[float, float]] = field(default_factory=deque)
-    # When this engine had requests: closed (start, end) spans and the open one's start.
-    # A box-mate's prefill progresses at half speed while this one is busy.
-    busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
-    busy_since: float | None = None
-
-    def add(self, flight: Flight) -> None:
-        if not self.flights:
-            self.busy_since = self.clock()
-        self.flights.append(flight)
-
-    def remove(self, flight: Flight) -> None:
-        self.flights.remove(flight)
-        if not self.flights and self.busy_since is not None:
-            now = self.clock()
-            self.busy_spans.append((self.busy_since, now))
-            self.busy_since = None
-            while self.busy_spans and self.busy_spans[0][1] < now - BUSY_HISTORY_S:
-                self.busy_spans.popleft()
-
-    def busy_between(self, t0: float, t1: float) -> float:
-        """Seconds between t0 and t1 during which this engine had requests."""
-        spans = [*self.busy_spans, *([(self.busy_since, t1)] if self.busy_since is not None else [])]
-        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
-
-    def prefilled_s(self, flight: Flight, now: float) -> float:
-        """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
-        busy box-mate shared counts half."""
-        if flight.admitted_at is None:
-            return 0.0
-        elapsed = now - flight.admitted_at
-        shared = max((m.busy_between(flight.admitted_at, now) for m in self.mates), default=0.0)
-        return elapsed - shared / 2
-
-    def ahead(self) -> list[Flight]:
-        """The requests here a newcomer comes after: all but those routing holds back. A held
-        one defers to newcomers: its hold ends with a check of what it would do then."""
-        now = self.clock()
-        return [f for f in self.flights if f.admitted_at is not None or f.not_before <= now]
-
-    def running(self) -> int:
-        return sum(1 for f in self.flights if f.admitted_at is not None)
-
-    @contextlib.contextmanager
-    def placed(self, flight: Flight) -> Iterator[None]:
-        """Predict as if `flight` were queued here; busy spans untouched."""
-        self.flights.append(flight)
-        try:
-            yield
-        finally:
-            self.flights.remove(flight)
-
-    @contextlib.contextmanager
-    def lifted(self, flight: Flight) -> Iterator[None]:
-        """Predict as if `flight` were not here; busy spans untouched."""
-        i = self.flights.index(flight)
-        del self.flights[i]
-        try:
-            yield
-        finally:
-            self.flights.insert(i, flight)
-
-    def shared(self, flight: Flight) -> bool:
-        """Whether others' work shares the box with `flight` now: another prompt prefilling
-        on its engine, or an engine beside it on the box with requests."""
-        return any(f is not flight and f.prefilling for f in self.flights) or any(m.ahead() for m in self.mates)
-
-    def seen(self, keys: Sequence[Hashable]) -> None:
-        for k in keys:
-            self.cache[k] = None
-            self.cache.move_to_end(k)
-        while len(self.cache) > self.cache_blocks:
-            self.cache.popitem(last=False)
-
-    def keys(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[Hashable, ...]:
-        """The prompt's prefix-cache keys on this engine (none when it caches no prefixes)."""
-        if not self.cache_blocks:
-            return ()
-        return kv.prefix_keys(prompt_ids, self.served.engine.kv_spec.block_size, salt)
-
-    def cached_tokens(self, keys: Sequence[Hashable]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self.cache:
-                break
-            n += 1
-        return n * self.served.engine.kv_spec.block_size
-
-    def predict_tokens(self, prompt_tokens: int, cached: int, output_tokens: int) -> Prediction:
-        here = self.ahead()
-        running = [f for f in here if f.admitted_at is not None]
-        queued = [f for f in here if f.admitted_at is None]
-        concurrency = min(self.slots, len(running) + 1)
-        step = self.step_s(concurrency, prompt_tokens)
-        services = [
-            self.latency.predict(prompt_tokens=f.prompt_tokens, concurrency=concurrency).total_s(f.output_tokens)
-            for f in queued
-        ]
-        wait = slot_wait([f.remaining_s(step) for f in running], services, self.slots)
-        # The prompts running and queued here delay its first token, not its decode
-        # (prefills arriving later would: `harms` guards against those).
-        own = self.latency.predict(
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-            concurrency=concurrency,
-            context_tokens=prompt_tokens + output_tokens // 2,
-        )
-        ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached)) + own.ttft_s
-        decode = own.tpot_s * max(1, output_tokens)
-        # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
-        # steps take about twice as long. Stretch the part of the request the mate overlaps.
-        ttft_stretch = decode_stretch = 0.0
-        for m in self.mates:
-            ttft_stretch += m.busy_within(0.0, ttft)
-            decode_stretch += m.busy_within(ttft, ttft + decode)
-        tpot = (decode + decode_stretch) / max(1, output_tokens) / (1 - self.prefill_share())
-        return Prediction(ttft_s=ttft + ttft_stretch, tpot_s=tpot)
-
-    def busy_within(self, t0: float, t1: float) -> float:
-        """Expected seconds between t0 and t1 from now during which this engine has requests:
-        all of it until its work now is done (`busy_s`); after a usual idle gap, its share of
-        recent time. A mate's later work counts: a 60K prompt on the 35B-A3B prefills for 15 s
-        of its box-mate's chats arriving, and reckoning with only the chats there now made
-        documents' TTFT and TPOT predictions half of what they took (docs/routing.md)."""
-        busy = self.busy_s()
-        duty, gap = self.duty()
-        again = busy + gap
-        return min(t1, busy) - min(t0, busy) + duty * (max(t1, again) - max(t0, again))
-
-    def duty(self) -> tuple[float, float]:
-        """Share of the last PREFILL_WINDOW_S this engine had requests, and its mean idle gap."""
-        now = self.clock()
-        since = now - PREFILL_WINDOW_S
-        busy = self.busy_between(since, now)
-        spans = sum(1 for _, end in self.busy_spans if end > since) + (self.busy_since is not None)
-        return busy / PREFILL_WINDOW_S, (PREFILL_WINDOW_S - busy) / max(1, spans)
-
-    def prefill_share(self) -> float:
-        """Share of the last PREFILL_WINDOW_S spent prefilling prompts routed here (capped)."""
-        now = self.clock()
-        while self.prefills and self.prefills[0][0] < now - PREFILL_WINDOW_S:
-            self.prefills.popleft()
-        return min(MAX_PREFILL_SHARE, sum(s for _, s in self.prefills) / PREFILL_WINDOW_S)
-
-    def step_s(self, concurrency: int, context_tokens: int) -> float:
-        return self.latency.predict(prompt_tokens=1, concurrency=concurrency, context_tokens=context_tokens).tpot_s
-
-    def busy_s(self) -> float:
-        """Predicted seconds until this engine has nothing left to do."""
-        here = self.ahead()
-        if not here:
-            return 0.0
-        step = self.step_s(max(1, self.running()), 0)
-        return self.prefill_all_s() + max(f.remaining_s(step) for f in here)
-
-    def until_first_token(self, flight: Flight, now: float) -> float:
-        """Predicted seconds until `flight` has its first token (0 once it has)."""
-        if flight.first_at is not None:
-            return 0.0
-        own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
-        if flight.admitted_at is not None:  # prefilling since then
-            return max(0.0, own - self.prefilled_s(flight, now))
-        here = self.ahead()
-        before = here[: here.index(flight)] if flight in here else here
-        return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
-
-    def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
-        """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
-        here = self.ahead()
-        later = here[here.index(flight) + 1 :] if flight in here else []
-        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
-
-    def prefill_ahead_s(self, new_tokens: int) -> float:
-        """Predicted seconds of other prompts' prefill before a new prompt of `new_tokens`
-        has prefilled. Without a chunk cap the engine prefills first come, first served: all
-        of them. With one (`long_prefill_token_threshold`), each prompt ahead takes at most a
-        chunk of every step the new one prefills in, so a short prompt waits a chunk of each."""
-        spec = self.served.engine.kv_spec
-        cap = spec.long_prefill_token_threshold
-        if not cap:
-            return self.prefill_all_s()
-        steps = math.ceil(max(1, new_tokens) / cap)
-        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
-        total = sum(w for *_, w in waits)
-        if len(self.ahead()) == 1 and waits:
-            # A prompt alone is not capped: the step under way may be a whole budget of it.
-            f, left_s, w = waits[0]
-            total += min(left_s - w, self.chunk_s(f, spec.max_num_batched_tokens or cap))
-        return total
-
-    def chunk_s(self, flight: Flight, tokens: int) -> float:
-        """A chunk of `flight`'s prompt at its end: the longest one (attention grows with context)."""
-        return self.prefill_s(flight.prompt_tokens) - self.prefill_s(max(0, flight.prompt_tokens - tokens))
-
-    def prefills_left(self) -> list[tuple[Flight, float]]:
-        """Each prompt here still to prefill, in the engine's order (those admitted first),
-        with its predicted seconds left. The first one admitted has had the engine's prefill
-        budget since its admission; the others are counted whole."""
-        here = self.ahead()
-        started = sorted((f for f in here if f.prefilling), key=lambda f: f.admitted_at or 0.0)
-        waiting = [f for f in here if f.admitted_at is None]
-        out = [(f, self.prefill_s(f.prompt_tokens - f.cached_tokens)) for f in [*started, *waiting]]
-        if started:
-            first, work = out[0]
-            out[0] = (first, max(0.0, work - self.prefilled_s(first, self.clock())))
-        return out
-
-    def prefill_backlog_s(self) -> float:
-        """Predicted seconds until the requests running here have all prefilled."""
-        return sum(left for f, left in self.prefills_left() if f.admitted_at is not None)
-
-    def prefill_all_s(self) -> float:
-        """Predicted seconds until every prompt here, running or queued, has prefilled, one
-        after another (first come, first served)."""
-        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.ahead() if f.admitted_at is None)
-        return self.prefill_backlog_s() + self.prefill_s(queued)
-
-    def prefill_s(self, tokens: int) -> float:
-        return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
-
-    def harms(self, prompt_tokens: int, keys: Sequence[Hashable], skip: Flight | None = None) -> Harm:
-        """What sending a new request here now would do to the requests already here: its
-        prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
-        would push past their TPOT objective are harmed, and with a chunk cap so are those still
-        to prefill that its chunks would push past their TTFT objective; `crowding` is the
-        largest share of any one's TPOT slack it would take. A box-mate's requests are not
-        counted: while it runs, the new request only slows them by the bandwidth it shares,
-        and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
-        overlap = self.mates_busy_s()  # once: it walks every flight on the box
-        stall = stretch(self.prefill_s(prompt_tokens - self.cached_tokens(keys)), overlap)
-        now = self.clock()
-        hurt = 0
-        clears = 0.0  # when the last request it would hurt is done
-        crowding = 0.0
-        here = self.ahead()  # a held request is no victim: it is checked again when its hold ends
-        for f in here:
-            if f is skip or f.tpot_objective is None or f.output_tokens < 2:
-                continue  # (queued ones count too: they will decode beside it)
-            step = self.step_s(max(1, self.running()), f.prompt_tokens)
-            decoded = 0.0 if f.first_at is None else now - f.first_at
-            # Its decode still has to sit through the prompts routed here after it, all of it
-            # slower while a box-mate is busy.
-            remaining = stretch(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)), overlap)
-            slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
-            if slack >= 0:
-                crowding = max(crowding, stall / slack if slack else math.inf)
-            if 0 <= slack < stall:  # it tips this one over
-                hurt += 1
-                clears = max(clears, self.until_first_token(f, now) + remaining)
-        # With a chunk cap its chunks also share the steps of the prompts still to prefill
-        # here, delaying their first tokens by up to its own prefill (without one it waits).
-        late = 0
-        if self.served.engine.kv_spec.long_prefill_token_threshold:
-            for f in here:
-                if f is skip or f.first_at is not None or f.ttft_due is None:
-                    continue
-                left = stretch(self.until_first_token(f, now), overlap)
-                if now + left <= f.ttft_due < now + left + min(stall, left):
-                    late += 1
-                    clears = max(clears, left)
-        if not (hurt or late):
-            return Harm(crowding=crowding)
-        why = " and ".join(
-            f"it would push {n} running request{'s' if n > 1 else ''} past their {what} objective"
-            for n, what in ((late, "TTFT"), (hurt, "TPOT"))
-            if n
-        )
-        return Harm(why, clears, crowding)
-
-    def mates_busy_s(self) -> float:
-        """Predicted seconds until every engine beside this one on its box is idle."""
-        return max((m.busy_s() for m in self.mates), default=0.0)
-
-    def hold_again(self, flight: Flight) -> float:
-        """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held
-        again while it would still harm the requests here and can still meet its TTFT objective
-        after waiting: holds are predictions, and a request that started late decodes late."""
-        now = self.clock()
-        harm = self.harms(flight.prompt_tokens, flight.keys, skip=flight)
-        if not harm.reason or flight.ttft_due is None:
-            return 0.0
-        wait = max(harm.clears_s, MIN_HOLD_S)
-        own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
-        if now + wait + stretch(own.ttft_s, self.mates_busy_s()) > flight.ttft_due:
-            return 0.0
-        flight.not_before = now + wait
-        return wait
-
-
-def stretch(seconds: float, mates_busy_s: float) -> float:
-    """`seconds` of an engine's work, longer by the part a busy box-mate overlaps (x2 then)."""
-    return seconds + min(seconds, mates_busy_s)
-
-
-def slo_of(name: str, cls: SloClass, headroom: float = 1.0) -> Slo:
-    """The class's objectives, each scaled by `headroom` (what the router plans against)."""
-
-    def scaled(x: float | None) -> float | None:
-        return None if x is None else x * headroom
-
-    return Slo(name=name, ttft_s=scaled(cls.ttft_s), tpot_s=scaled(cls.tpot_s), deadline_s=scaled(cls.deadline_s))
+def load_model(settings: RoutingSettings, lanes: Sequence[LaneSpec]) -> LoadModel:
+    """The load model over `lanes` with `settings`' classes, aliases, headroom and window."""
+    return LoadModel(
+        lanes, slo_classes(settings), aliases=settings.aliases, headroom=settings.headroom, window=settings.window
+    )
 
 
 def unknown_slo_class(settings: RoutingSettings, name: str, param: str | None = None) -> InvalidRequest:
     """The client's error for an SLO class `settings` does not have (a header, a key's limit)."""
     return InvalidRequest(
         f"Unknown SLO class {name!r}; use one of: {', '.join(settings.classes)}.", param=param, code="invalid_slo_class"
+    )
+
+
+def _lane(m: ServedModel, box: str) -> LaneSpec:
+    """A served model's engine as a lane (its KV spec is fixed once it has started)."""
+    engine = m.engine
+    spec = engine.kv_spec
+    return LaneSpec(
+        name=m.name,
+        profile=Profile(**m.settings.latency.model_dump()),
+        slots=min(spec.max_num_seqs, m.settings.max_concurrency or spec.max_num_seqs),
+        clock=engine.clock,
+        healthy=lambda: engine.is_healthy,
+        block_size=spec.block_size,
+        cache_blocks=spec.usable_blocks if spec.prefix_caching else 0,
+        chunk_tokens=spec.long_prefill_token_threshold,
+        step_tokens=spec.max_num_batched_tokens,
+        quality=m.settings.quality,
+        box=box,
     )
 
 
@@ -496,39 +66,15 @@ class Router:
     ) -> None:
         """`boxes`: each model's box (models absent from it, or all without it, share one)."""
         self.settings = settings
-        self.lanes: dict[str, Lane] = {}
-        for m in sorted(models, key=lambda m: -m.settings.quality):  # best first; stable for ties
-            spec = m.engine.kv_spec
-            p = m.settings.latency
-            self.lanes[m.name] = Lane(
-                served=m,
-                latency=LatencyModel(
-                    Profile(**p.model_dump()),
-                    window=settings.window,
-                ),
-                slots=min(spec.max_num_seqs, m.settings.max_concurrency or spec.max_num_seqs),
-                clock=m.engine.clock,
-                cache_blocks=spec.usable_blocks if spec.prefix_caching else 0,
-            )
-        box = {n: (boxes or {}).get(n, "") for n in self.lanes}
-        for n, lane in self.lanes.items():
-            lane.mates = [other for m, other in self.lanes.items() if m != n and box[m] == box[n]]
-        self.routed: dict[str, int] = {}
-        self.rejected = 0
-        # Per reserved SLO class (`reserve_slots`), its recent requests (prompt tokens, cached
-        # tokens, output tokens: an engine is kept ready for one sized like them, `reference`)
-        # and arrival times (`rate`).
-        self.recent: dict[str, deque[tuple[int, int, int]]] = {
-            name: deque(maxlen=settings.window) for name, cls in settings.classes.items() if cls.reserve_slots
-        }
-        self.arrivals: dict[str, deque[float]] = {name: deque(maxlen=settings.window) for name in self.recent}
+        self.served = {m.name: m for m in models}
+        self.model = load_model(settings, [_lane(m, (boxes or {}).get(m.name, "")) for m in models])
 
     def is_alias(self, name: str) -> bool:
         return name in self.settings.aliases
 
     def candidates(self, requested: str, principal: Principal, resolve: Callable[[str], ServedModel]) -> list[str]:
         """The models this request may go to, best first (an explicit model first of all)."""
-        usable = [n for n, lane in self.lanes.items() if principal.may_use(lane.served.settings.names)]
+        usable = [n for n in self.model.lanes if principal.may_use(self.served[n].settings.names)]
         if self.is_alias(requested):
             return usable
         own = resolve(requested).name
@@ -539,190 +85,22 @@ class Router:
         allowed = principal.limits.allow_substitution
         return self.settings.allow_substitution if allowed is None else allowed
 
-    def slo_for(self, principal: Principal, header: str | None) -> tuple[str, Slo]:
+    def slo_for(self, principal: Principal, header: str | None) -> str:
+        """The request's SLO class: its header's, else its key's, else the default."""
         name = (header or "").strip().lower() or principal.limits.slo_class or self.settings.default_class
-        cls = self.settings.classes.get(name)
-        if cls is None:
+        if name not in self.settings.classes:
             raise unknown_slo_class(self.settings, name)
-        return name, slo_of(name, cls, self.settings.headroom)
+        return name
 
-    def route(
-        self,
-        requested: str,
-        names: Sequence[str],
-        principal: Principal,
-        slo_header: str | None,
-        prompt_ids: Sequence[int],
-        output_tokens: int,
-        salt: str | None,
-    ) -> tuple[str, RouteInfo]:
-        """The model to serve this request, or SloUnattainable (before it queues anywhere)."""
-        slo_name, slo = self.slo_for(principal, slo_header)
-        if slo_name in self.arrivals and names:
-            self.arrivals[slo_name].append(self.lanes[names[0]].clock())
-        predictions: dict[str, Prediction] = {}
-        candidates = []
-        cached: dict[str, int] = {}
-        ready: dict[str, list[Lane]] = {}  # per reserved class, the engines ready for it now: once for all candidates
-        for n in names:
-            lane = self.lanes[n]
-            keys = lane.keys(prompt_ids, salt)  # hashed once per engine (block sizes differ)
-            cached[n] = lane.cached_tokens(keys)
-            predictions[n] = lane.predict_tokens(len(prompt_ids), cached[n], output_tokens)
-            harm = lane.harms(len(prompt_ids), keys)
-            trial = Flight(lane, len(prompt_ids), output_tokens, keys, routed_at=lane.clock(), cached_tokens=cached[n])
-            reserve = self.reserve(trial, slo_name, ready)
-            candidates.append(
-                Candidate(
-                    n,
-                    predictions[n],
-                    lane.served.engine.is_healthy,
-                    harms=harm.reason,
-                    harm_clears_s=harm.clears_s,
-                    crowding=harm.crowding,
-                    reserve_s=reserve.wait_s,
-                    reserve_why=reserve.why,
-                    reserve_costs=reserve.costs,
-                )
-            )
-        if not any(c.available for c in candidates):
-            # Down is not slow: a 503 the client retries, not an SLO verdict.
-            down = ", ".join(names)
-            raise EngineUnavailableError(
-                f"No engine that can serve '{requested}' is available now ({down}).", headers={"Retry-After": "5"}
-            )
-
-        def decide(slo: Slo) -> Route | NoRoute:
-            if self.is_alias(requested):
-                strategy = self.settings.aliases[requested]
-                if strategy == "class":
-                    strategy = self.settings.classes[slo_name].prefer
-                return choose(requested, candidates, slo, output_tokens, aliases={requested: strategy})
-            # names[0] is the requested model; more names only where the key may substitute
-            return choose(names[0], candidates, slo, output_tokens, aliases={}, allow_substitution=len(names) > 1)
-
-        decision = decide(slo)
-        if isinstance(decision, NoRoute) and self.settings.headroom < 1:
-            # Headroom is a margin to prefer, not a reason to turn away: a request predicted
-            # to meet the objective itself is served (turning it away misses it for sure),
-            # and one turned away is told which objective it misses.
-            slo = slo_of(slo_name, self.settings.classes[slo_name])
-            decision = decide(slo)
-        if isinstance(decision, NoRoute):
-            self.rejected += 1
-            raise self._unattainable(decision, names, slo, prompt_ids, output_tokens)
-        assert isinstance(decision, Route)
-        self.routed[decision.model] = self.routed.get(decision.model, 0) + 1
-        if slo_name in self.recent:
-            self.recent[slo_name].append((len(prompt_ids), cached[decision.model], output_tokens))
-        held = predictions[decision.model]
-        return decision.model, RouteInfo(
-            slo=slo_name,
-            reason=decision.reason,
-            predicted=Prediction(held.ttft_s + decision.hold_s, held.tpot_s),
-            tpot_objective=slo.tpot_s,
-            ttft_objective=slo.ttft_s,
-            hold_s=decision.hold_s,
-        )
-
-    def reference(self, cls: str) -> tuple[int, int, int] | None:
-        """The request of reserved class `cls` an engine is kept ready for: the upper quartile
-        of its recent ones by uncached prompt tokens (None before any)."""
-        recent = sorted(self.recent[cls], key=lambda r: r[0] - r[1])
-        return recent[(3 * (len(recent) - 1)) // 4] if recent else None
-
-    def ready(self, lane: Lane, cls: str, reference: tuple[int, int, int]) -> bool:
-        """Whether a request like `reference` of class `cls` would meet its objectives on `lane`."""
-        prompt, cached, output = reference
-        slo = slo_of(cls, self.settings.classes[cls], self.settings.headroom)
-        return not slo.misses(lane.predict_tokens(prompt, cached, output), output)
-
-    def reserve(self, flight: Flight, slo_name: str, ready_now: dict[str, list[Lane]] | None = None) -> Reserve:
-        """What sending `flight` (of class `slo_name`, not yet on its lane) now would take from
-        the classes with `reserve_slots`, kept for them because their objectives are tight and
-        lenient work can wait (docs/routing.md):
-
-        - slots: it would leave fewer than that many of its engine's free. Held until the
-          first request running there is predicted done.
-        - the last engine ready: every engine where a request like the class's recent ones
-          meets its objectives now (`ready`) would be one no longer. Held until the prompts on
-          another engine have prefilled; when it cannot wait that long and the class's
-          requests expected meanwhile number at least one, turned away. No hold when waiting
-          cannot help: no engine is ready now, or all are (none other will become ready).
-
-        `ready_now` keeps, per reserved class, the engines ready for it, for the next call
-        on the same state (the other candidates of one request).
-        """
-        lane = flight.lane
-        ready_now = {} if ready_now is None else ready_now
-        reserved = [c for c in self.recent if c != slo_name]
-        if not reserved:
-            return Reserve()
-        keep = min(lane.slots - 1, max(self.settings.classes[c].reserve_slots for c in reserved))
-        here = lane.ahead()  # (`flight` is not on its lane yet, or lifted off it)
-        if lane.slots - len(here) - 1 < keep:
-            step = lane.step_s(max(1, lane.running()), 0)
-            frees = min((f.remaining_s(step) for f in here if f.admitted_at is not None), default=0.0)
-            return Reserve(max(MIN_HOLD_S, frees), f"to keep {keep} slot{'s' * (keep > 1)} free for {reserved[0]}")
-        lanes = list(self.lanes.values())
-        for cls in reserved:
-            reference = self.reference(cls)
-            if reference is None:
-                continue
-            if cls not in ready_now:
-                ready_now[cls] = [x for x in lanes if self.ready(x, cls, reference)]
-            ready = ready_now[cls]
-            if not ready or len(ready) == len(lanes) or any(x is not lane and x not in lane.mates for x in ready):
-                continue  # nothing to keep, nothing to wait for, or one it does not slow stays ready
-            with lane.placed(flight):
-                if any(self.ready(x, cls, reference) for x in ready):
-                    continue
-                # It keeps its engine from them until it has prefilled.
-                blocks_s = lane.predict_tokens(flight.prompt_tokens, flight.cached_tokens, flight.output_tokens).ttft_s
-            wait = max(MIN_HOLD_S, min(stretch(x.prefill_all_s(), x.mates_busy_s()) for x in lanes if x not in ready))
-            return Reserve(wait, f"to keep an engine ready for {cls}", self.rate(cls) * min(wait, blocks_s))
-        return Reserve()
-
-    def rate(self, cls: str) -> float:
-        """Recent arrivals of class `cls` per second (engine clock; 0 before two)."""
-        times = self.arrivals[cls]
-        return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
-
-    def _reserve_again(self, flight: Flight, slo: Slo) -> float:
-        """At the end of `flight`'s hold: seconds more to hold it so as not to take a reserved
-        class's capacity, while it can still meet its own objectives after waiting."""
-        lane = flight.lane
-        with lane.lifted(flight):
-            wait = self.reserve(flight, slo.name).wait_s
-            if not wait:
-                return 0.0
-            own = lane.predict_tokens(flight.prompt_tokens, lane.cached_tokens(flight.keys), flight.output_tokens)
-        waited = lane.clock() - flight.routed_at
-        later = Prediction(waited + wait + own.ttft_s, own.tpot_s)
-        return 0.0 if slo.misses(later, flight.output_tokens) else wait
-
-    def _unattainable(
-        self, no: NoRoute, names: Sequence[str], slo: Slo, prompt_ids: Sequence[int], output_tokens: int
-    ) -> SloUnattainable:
-        """Busy (retry later) or impossible (no model meets it even idle: don't retry)."""
-        idle = [
-            Candidate(n, self.lanes[n].latency.predict(prompt_tokens=len(prompt_ids)), True)
-            for n in names
-            if self.lanes[n].served.engine.is_healthy
-        ]
-        if idle and isinstance(
-            choose(idle[0].model, idle, slo, output_tokens, aliases={}, allow_substitution=True), Route
-        ):
-            return SloUnattainable(
-                f"No model can meet the '{slo.name}' latency objective under the current load: {no.reason}. "
-                f"Retry in about {no.retry_after_s:g} s, or use a less urgent SLO class.",
-                retry_after_s=no.retry_after_s,
-            )
-        return SloUnattainable(
-            f"No model can meet the '{slo.name}' latency objective for this request even when idle: {no.reason}. "
-            "Use a less urgent SLO class (e.g. batch) or a shorter prompt.",
-            retry_after_s=None,
-        )
+    def route(self, query: RouteQuery) -> RouteInfo:
+        """The model to serve this request, decided before it queues anywhere: 503 when every
+        candidate's engine is down, 429 `slo_unattainable` when none would meet its SLO."""
+        out = self.model.route(query)
+        if isinstance(out, RouteInfo):
+            return out
+        if out.kind == "unavailable":  # down is not slow: a 503 to retry, not an SLO verdict
+            raise EngineUnavailableError(out.message, headers={"Retry-After": f"{out.retry_after_s:g}"})
+        raise SloUnattainable(out.message, retry_after_s=out.retry_after_s)
 
     def fly(
         self,
@@ -733,29 +111,11 @@ class Router:
         route: RouteInfo | None = None,
     ) -> Flight:
         """Start the timing record of a request sent (or held) for `model` as `route` decided."""
-        lane = self.lanes[model]
-        keys = lane.keys(prompt_ids, salt)
-        now = lane.clock()
-        lane.prefills.append((now, lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
-        flight = Flight(
-            lane,
-            len(prompt_ids),
-            output_tokens,
-            keys,
-            routed_at=now,
-            tpot_objective=None if route is None else route.tpot_objective,
-            not_before=now + (0.0 if route is None else route.hold_s),
-            ttft_due=None if route is None or route.ttft_objective is None else now + route.ttft_objective,
-        )
-        if route is not None and any(cls != route.slo for cls in self.recent):
-            slo = slo_of(route.slo, self.settings.classes[route.slo], self.settings.headroom)
-            flight.reserve = lambda f: self._reserve_again(f, slo)
-        lane.add(flight)
-        return flight
+        return self.model.fly(model, prompt_ids, output_tokens, salt, route)
 
     def snapshot(self) -> dict[str, object]:
-        out: dict[str, object] = {"routed": dict(self.routed), "rejected": self.rejected, "models": {}}
-        for name, lane in self.lanes.items():
+        out: dict[str, object] = {"routed": dict(self.model.routed), "rejected": self.model.rejected, "models": {}}
+        for name, lane in self.model.lanes.items():
             idle = lane.latency.predict(prompt_tokens=1024)
             out["models"][name] = {  # type: ignore[index]
                 "in_flight": len(lane.flights),

@@ -11,9 +11,11 @@ request is turned away before it queues.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from policies.latency import Prediction
 
@@ -25,10 +27,26 @@ CROWDING = 0.5
 
 @dataclass(frozen=True, slots=True)
 class Slo:
+    """An SLO class: its objectives, and what routing does for it."""
+
     name: str
     ttft_s: float | None = None  # time to first token
     tpot_s: float | None = None  # time per output token
     deadline_s: float | None = None  # the whole response (batch work)
+    prefer: str = "best"  # what `auto` means for it: "best" or "fast" (the strategies of `choose`)
+    # Capacity kept from the other classes, which can wait: this many free slots on an engine,
+    # and an engine ready for it (policies/load.py). 0: none.
+    reserve_slots: int = 0
+
+    def scaled(self, headroom: float) -> Slo:
+        """Each objective times `headroom` (< 1: a margin for the predictions' errors)."""
+
+        def scaled(x: float | None) -> float | None:
+            return None if x is None else x * headroom
+
+        return dataclasses.replace(
+            self, ttft_s=scaled(self.ttft_s), tpot_s=scaled(self.tpot_s), deadline_s=scaled(self.deadline_s)
+        )
 
     def misses(self, p: Prediction, output_tokens: int) -> list[str]:
         """Which objectives the prediction misses, as readable reasons (empty: it meets all)."""
@@ -110,8 +128,15 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class NoRoute:
+    """No candidate for the request, and whether retrying can help."""
+
     reason: str
-    retry_after_s: float
+    retry_after_s: float | None  # None (impossible only): retrying will not help
+    # busy: retry after `retry_after_s`; impossible: not even an idle engine would meet it;
+    # unavailable: every candidate's engine is down. `choose` cannot tell busy from
+    # impossible: its caller does (policies/load.py).
+    kind: Literal["busy", "impossible", "unavailable"] = "busy"
+    message: str = ""  # for the client (the caller's words)
 
 
 def choose(
@@ -126,7 +151,7 @@ def choose(
     """`candidates` best first. `aliases` maps an alias to its strategy: "best" or "fast"."""
     live = [c for c in candidates if c.available]
     if not live:
-        return NoRoute("no model is available", 5.0)
+        return NoRoute("no model is available", 5.0, "unavailable")
     strategy = aliases.get(requested)
     if strategy is None:  # an explicit model
         mine = next((c for c in live if c.model == requested), None)

@@ -8,8 +8,8 @@ from typing import Literal
 from engine_adapter.base import EngineRequest
 from gateway.auth import Principal
 from gateway.registry import ServedModel
-from gateway.router import RouteInfo
 from policies import tokens
+from policies.load import RouteInfo
 
 
 @dataclass

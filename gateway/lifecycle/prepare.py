@@ -26,12 +26,13 @@ from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from gateway.lifecycle.job import Job
 from gateway.registry import ModelRegistry, ServedModel
-from gateway.router import RouteInfo, Router
+from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
 from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
 from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
+from policies.load import RouteInfo, RouteQuery
 
 
 def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -181,16 +182,17 @@ def _route(
         return candidates[0], None
     fits = [c for c in candidates if len(prompt) < _context_limit(c, principal)] or candidates[:1]
     out = requested_max_tokens or routing.router.settings.default_output_tokens
-    name, info = routing.router.route(
-        requested,
-        [c.name for c in fits],
-        principal,
-        routing.slo_header,
-        prompt.token_ids,
-        out,
-        _cache_salt(fits[0], principal),
+    info = routing.router.route(
+        RouteQuery(
+            requested=requested,
+            candidates=[c.name for c in fits],
+            slo_class=routing.router.slo_for(principal, routing.slo_header),
+            prompt_ids=prompt.token_ids,
+            output_tokens=out,
+            salt=_cache_salt(fits[0], principal),
+        )
     )
-    return next(c for c in fits if c.name == name), info
+    return next(c for c in fits if c.name == info.model), info
 
 
 async def _render_for(

@@ -29,9 +29,10 @@ from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, priority_of
 from gateway.quota import Hold
-from gateway.router import Flight, Router
+from gateway.router import Router
 from gateway.state import AppState
 from policies.admission import Demand
+from policies.lanes import Flight
 
 log = logging.getLogger(__name__)
 

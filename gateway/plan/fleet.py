@@ -4,7 +4,7 @@ capacity planner run on this.
 Each model is a `BoxSim` (engine_adapter/spark/scheduler.py) placed on a box. Requests arrive
 (Poisson, a mix of kinds, each with its SLO class); a strategy picks each one's model:
 
-- "router": the gateway's own `Router` (gateway/router.py), learning each engine's
+- "router": the gateway's own load model (policies/load.py), learning each engine's
   latency from what it observes, exactly as in the gateway (same code, virtual clock);
 - "round-robin": the models in turn;
 - a model's name: everything to that model.
@@ -22,17 +22,13 @@ import itertools
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
-from engine_adapter.base import Engine, KVSpec
 from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, GiB, SimConfig, StepResult
-from gateway.auth import ANONYMOUS
-from gateway.errors import SloUnattainable
-from gateway.registry import ServedModel
-from gateway.router import Flight, RouteInfo, Router, slo_of
-from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings, SimulatedSettings
-from policies.latency import Prediction
-from policies.routing import Slo
+from gateway.router import load_model, slo_classes
+from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings
+from policies.lanes import Flight, LaneSpec
+from policies.latency import Prediction, Profile
+from policies.load import RouteInfo, RouteQuery
 
 
 @dataclass(frozen=True)
@@ -212,31 +208,6 @@ class _Clock:
         return self.now
 
 
-class _VirtualEngine:
-    """What the router reads of an engine, over a BoxSim on the fleet's clock."""
-
-    def __init__(self, name: str, sim: BoxSim, clock: _Clock) -> None:
-        self.name = name
-        self.sim = sim
-        self._clock = clock
-        self._spec = sim.kv_spec()
-
-    @property
-    def kv_spec(self) -> KVSpec:
-        return self._spec
-
-    @property
-    def max_model_len(self) -> int:
-        return self._spec.max_model_len
-
-    @property
-    def is_healthy(self) -> bool:
-        return True
-
-    def clock(self) -> float:
-        return self._clock()
-
-
 @dataclass
 class _Lane:
     deployed: Deployed
@@ -252,9 +223,8 @@ class Fleet:
         self.placement = placement
         self.strategy = strategy
         self.clock = _Clock()
-        self.routing = routing
         self.lanes: dict[str, _Lane] = {}
-        served = []
+        specs = []
         for d in placement.models:
             spec = MODELS[d.model]
             config = SimConfig(
@@ -264,36 +234,40 @@ class Fleet:
             )
             sim = BoxSim(spec, DGX_SPARK, config)
             self.lanes[d.name] = _Lane(d, sim)
-            settings = ModelSettings(
-                name=d.name,
-                path=f"sim:{d.model}",
-                engine="simulated",
-                simulated=SimulatedSettings(model=d.model),
-                quality=d.quality,
-                latency=d.latency,
-                max_num_seqs=sim.config.max_num_seqs,
+            kv = sim.kv_spec()
+            specs.append(
+                LaneSpec(
+                    name=d.name,
+                    profile=Profile(**d.latency.model_dump()),
+                    slots=kv.max_num_seqs,
+                    clock=self.clock,
+                    block_size=kv.block_size,
+                    cache_blocks=kv.usable_blocks if kv.prefix_caching else 0,
+                    chunk_tokens=kv.long_prefill_token_threshold,
+                    step_tokens=kv.max_num_batched_tokens,
+                    quality=d.quality,
+                    box=d.box,
+                )
             )
-            # The router reads only kv_spec, clock() and is_healthy of an engine.
-            engine = cast(Engine, _VirtualEngine(d.name, sim, self.clock))
-            served.append(ServedModel(settings=settings, engine=engine, tokenizer=None))
-        boxes = {d.name: d.box for d in placement.models}
-        self.router = Router(routing, served, boxes) if strategy == "router" else None
+        self.slos = slo_classes(routing)  # the objectives themselves, no headroom
+        self.model = load_model(routing, specs) if strategy == "router" else None
         self._rr = itertools.cycle([d.name for d in placement.models])
         self.outcomes: dict[str, Outcome] = {}
         self._due = _Due()  # arrivals, and held requests to send
 
-    def _slo(self, name: str) -> Slo:
-        return slo_of(name, self.routing.classes[name])  # the objective itself, no headroom
-
     def _pick(self, a: Arrival) -> tuple[str | None, RouteInfo | None]:
         """The model for this arrival (None: turned away) and routing's decision."""
-        if self.router is None:
+        if self.model is None:
             return (next(self._rr) if self.strategy == "round-robin" else self.strategy), None
-        names = list(self.router.lanes)
-        try:
-            return self.router.route("auto", names, ANONYMOUS, a.kind.slo, a.prompt, a.kind.output_tokens, None)
-        except SloUnattainable:
-            return None, None
+        query = RouteQuery(
+            requested="auto",
+            candidates=list(self.model.lanes),
+            slo_class=a.kind.slo,
+            prompt_ids=a.prompt,
+            output_tokens=a.kind.output_tokens,
+        )
+        info = self.model.route(query)
+        return (info.model, info) if isinstance(info, RouteInfo) else (None, None)
 
     def _busy_on(self, box: str) -> int:
         return sum(1 for lane in self.lanes.values() if lane.deployed.box == box and lane.sim.has_work)
@@ -368,8 +342,8 @@ class Fleet:
             return
         o.model = name
         lane = self.lanes[name]
-        if self.router is not None and info is not None:
-            flight = self.router.fly(name, a.prompt, a.kind.output_tokens, None, info)
+        if self.model is not None and info is not None:
+            flight = self.model.fly(name, a.prompt, a.kind.output_tokens, None, info)
             lane.flights[a.id] = flight
             if info.hold_s > 0:  # routing holds it back, as the gateway would
                 self._due.push(flight.not_before, a, name)
@@ -392,7 +366,7 @@ class Fleet:
             self._admit_new(lane)
 
     def summary(self, rate: float, duration_s: float, kinds: Sequence[RequestKind]) -> Summary:
-        slos = {k.name: (self._slo(k.slo), k.output_tokens) for k in kinds}
+        slos = {k.name: (self.slos[k.slo], k.output_tokens) for k in kinds}
         by_model: dict[str, int] = {}
         by_kind: dict[str, list[int]] = {k.name: [0, 0] for k in kinds}
         ttfts: list[float] = []

@@ -1,5 +1,5 @@
 """`sparkgate plan`: how much of a workload each placement of the models on DGX Spark boxes
-sustains within its SLOs, on the box model (gateway/plan/fleet.py), routed by the gateway's Router.
+sustains within its SLOs, on the box model (gateway/plan/fleet.py), routed as the gateway routes.
 
 A placement puts each model on a box, or leaves it out; a box holds its models' weights
 and a share of KV within its usable memory (the three models cannot all share one box).

@@ -1,19 +1,22 @@
-"""gateway/plan/fleet.py: the simulated boxes in virtual time, with the gateway's own Router.
+"""gateway/plan/fleet.py: the simulated boxes in virtual time, with the gateway's own load model.
 
 Deterministic (virtual time, seeded arrivals): these check the mechanics, not performance
 (benchmarks/routing.py compares the strategies)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 from engine_adapter.spark import MODELS
-from gateway.auth import ANONYMOUS
-from gateway.errors import SloUnattainable
 from gateway.plan.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
-from gateway.router import RouteInfo
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
 from policies.latency import Prediction
+from policies.load import LoadModel, RouteInfo, RouteQuery
+from policies.routing import NoRoute
 
 A3B = LatencyProfile(
     prefill_tokens_per_s=7575,
@@ -92,18 +95,37 @@ def test_a_document_arriving_on_a_busy_chat_engine_is_held_back() -> None:
 
 
 def _route(ttft_s: float, tpot_s: float | None = 0.06, hold_s: float = 0.0) -> RouteInfo:
-    return RouteInfo("document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s)
+    return RouteInfo("dense", "document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s)
+
+
+def _ask(
+    load: LoadModel, requested: str, names: Sequence[str], slo: str, prompt: range, output: int
+) -> RouteInfo | NoRoute:
+    query = RouteQuery(requested=requested, candidates=names, slo_class=slo, prompt_ids=prompt, output_tokens=output)
+    return load.route(query)
+
+
+def _routed(load: LoadModel, *query: Any) -> tuple[str, RouteInfo]:
+    info = _ask(load, *query)
+    assert isinstance(info, RouteInfo), info
+    return info.model, info
+
+
+def _turned_away(load: LoadModel, *query: Any) -> NoRoute:
+    no = _ask(load, *query)
+    assert isinstance(no, NoRoute) and no.kind != "unavailable", no
+    return no
 
 
 def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> None:
     fleet = Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), ROUTING, "router")
-    router, clock = fleet.router, fleet.clock
-    assert router is not None
-    decoding = router.fly("dense", range(2_000), 300, None, _route(60.0))
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
+    decoding = load.fly("dense", range(2_000), 300, None, _route(60.0))
     decoding.admitted()
     clock.now = 1.0
     decoding.tokens(1, 0)
-    held = router.fly("dense", range(40_000), 100, None, _route(54.0, hold_s=1.0))
+    held = load.fly("dense", range(40_000), 100, None, _route(54.0, hold_s=1.0))
     clock.now = 2.0  # its hold is over, but its ~20 s prefill would still stall the decode
     more = held.hold_again()
     assert more > 1.0 and held.not_before == clock.now + more
@@ -116,15 +138,15 @@ def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> N
 
 def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
     fleet = Fleet(ONE_BOX, ROUTING, "router")
-    router, clock = fleet.router, fleet.clock
-    assert router is not None
-    lane = router.lanes["dense"]
-    long = router.fly("dense", range(20_000), 10, None, _route(60.0))
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
+    lane = load.lanes["dense"]
+    long = load.fly("dense", range(20_000), 10, None, _route(60.0))
     long.admitted()
     work = lane.prefill_s(20_000)
     clock.now = 4.0
     assert lane.prefill_backlog_s() == pytest.approx(work - 4.0)  # alone on the box: full speed
-    mate = router.fly("moe", range(1_000), 10, None, _route(60.0))
+    mate = load.fly("moe", range(1_000), 10, None, _route(60.0))
     clock.now = 8.0  # the mate has been busy for the last 4 s: they count half
     assert lane.prefill_backlog_s() == pytest.approx(work - 6.0)
     mate.finish()
@@ -145,11 +167,11 @@ def _capped(cap: int, model: str = "Qwen3.8-27B", latency: LatencyProfile = DENS
 def test_with_a_chunk_cap_a_short_prompt_waits_for_a_chunk_of_a_long_one_not_all_of_it() -> None:
     capped, fcfs = _capped(1024), _capped(0)
     for fleet in (capped, fcfs):
-        assert fleet.router is not None
-        doc = fleet.router.fly("dense", range(30_000), 10, None, _route(60.0))
+        assert fleet.model is not None
+        doc = fleet.model.fly("dense", range(30_000), 10, None, _route(60.0))
         doc.admitted()
-    assert capped.router is not None and fcfs.router is not None
-    lane, whole = capped.router.lanes["dense"], fcfs.router.lanes["dense"]
+    assert capped.model is not None and fcfs.model is not None
+    lane, whole = capped.model.lanes["dense"], fcfs.model.lanes["dense"]
     doc = lane.flights[0]
     # First come, first served: all of the document's prefill.
     assert whole.prefill_ahead_s(1_500) == pytest.approx(whole.prefill_s(30_000))
@@ -174,28 +196,28 @@ def test_with_a_chunk_cap_a_chat_is_served_beside_a_long_prefill_and_without_it_
 
 def test_with_a_chunk_cap_a_prompt_that_would_delay_a_prefilling_chat_past_its_ttft_harms_it() -> None:
     fleet = _capped(1024)
-    router, clock = fleet.router, fleet.clock
-    assert router is not None
-    lane = router.lanes["dense"]
-    chat = router.fly("dense", range(5_000), 300, None, _route(2.0))
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
+    lane = load.lanes["dense"]
+    chat = load.fly("dense", range(5_000), 300, None, _route(2.0))
     chat.admitted()
     clock.now = 0.2  # ~1.5 s of its prefill left, 1.8 s to its objective
     harm = lane.harms(3_000, ())  # a second chat's ~1 s prefill would share its steps
     assert "past their TTFT objective" in harm.reason and harm.clears_s > 0
     assert not lane.harms(300, ()).reason  # a small one fits in the slack
-    assert not _capped(0).router.lanes["dense"].harms(3_000, ()).reason  # type: ignore[union-attr]
+    assert not _capped(0).model.lanes["dense"].harms(3_000, ()).reason  # type: ignore[union-attr]
 
 
 def test_headroom_is_a_margin_to_prefer_not_a_reason_to_turn_away() -> None:
     fleet = Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), ROUTING, "router")
-    router = fleet.router
-    assert router is not None and router.settings.headroom == 0.9
+    load = fleet.model
+    assert load is not None and load.headroom == 0.9
     # Idle, a 5,200-token chat prefills in ~1.9 s: over 90% of the 2 s objective, within it.
-    model, info = router.route("auto", ["dense"], ANONYMOUS, "interactive", range(5_200), 100, None)
+    model, info = _routed(load, "auto", ["dense"], "interactive", range(5_200), 100)
     assert model == "dense" and 1.8 < info.predicted.ttft_s < 2.0
     assert info.ttft_objective == 2.0
-    with pytest.raises(SloUnattainable, match=r"TTFT 2\.\d+s > 2s"):  # ~2.2 s: the objective itself is missed
-        router.route("auto", ["dense"], ANONYMOUS, "interactive", range(6_000), 100, None)
+    no = _turned_away(load, "auto", ["dense"], "interactive", range(6_000), 100)
+    assert re.search(r"TTFT 2\.\d+s > 2s", no.message)  # ~2.2 s: the objective itself is missed
 
 
 RESERVED = ROUTING.model_copy(
@@ -209,22 +231,22 @@ def _one(routing: RoutingSettings = RESERVED) -> Fleet:
 
 def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
     fleet = _one()
-    router, clock = fleet.router, fleet.clock
-    assert router is not None and router.lanes["dense"].slots == 4
+    load, clock = fleet.model, fleet.clock
+    assert load is not None and load.lanes["dense"].slots == 4
     for _ in range(2):  # two summaries decoding: two of the four slots
-        s = router.fly("dense", range(10_000), 1_000, None, _route(60.0))
+        s = load.fly("dense", range(10_000), 1_000, None, _route(60.0))
         s.admitted()
         s.tokens(1, 0)
-    model, info = router.route("auto", ["dense"], ANONYMOUS, "batch", range(8_000), 1_000, None)
+    model, info = _routed(load, "auto", ["dense"], "batch", range(8_000), 1_000)
     # A third would leave one free: it waits until the first of them is predicted done.
     assert model == "dense" and info.hold_s > 5.0
     assert info.reason.endswith("(to keep 2 slots free for interactive requests)")
     # A chat takes the slot.
-    _, chat = router.route("auto", ["dense"], ANONYMOUS, "interactive", range(1_000), 100, None)
+    _, chat = _routed(load, "auto", ["dense"], "interactive", range(1_000), 100)
     assert chat.hold_s == 0.0
     # Held, the summary defers: it is not ahead of the chat, nor does it count as work there.
-    held = router.fly("dense", range(8_000), 1_000, None, info)
-    lane = router.lanes["dense"]
+    held = load.fly("dense", range(8_000), 1_000, None, info)
+    lane = load.lanes["dense"]
     assert held not in lane.ahead() and lane.prefill_all_s() == 0.0
     # At its hold's end it is held again while the slots are still taken, and goes once one is free.
     clock.now = held.not_before
@@ -234,49 +256,49 @@ def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
     assert held.hold_again() == 0.0
     # Without a reserved class, nothing is held.
     plain = _one(ROUTING)
-    assert plain.router is not None
+    assert plain.model is not None
     for _ in range(3):
-        plain.router.fly("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
-    _, info = plain.router.route("auto", ["dense"], ANONYMOUS, "batch", range(8_000), 1_000, None)
+        plain.model.fly("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
+    _, info = _routed(plain.model, "auto", ["dense"], "batch", range(8_000), 1_000)
     assert info.hold_s == 0.0
 
 
 def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class() -> None:
     fleet = Fleet(TWO_BOXES, RESERVED, "router")
-    router, clock = fleet.router, fleet.clock
-    assert router is not None
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
     for t in (0.0, 1.0):  # what the chats look like, and how often they come
         clock.now = t
-        name, info = router.route("auto", ["dense", "moe"], ANONYMOUS, "interactive", range(1_500), 100, None)
+        name, info = _routed(load, "auto", ["dense", "moe"], "interactive", range(1_500), 100)
         assert name == "dense"
-        router.fly(name, range(1_500), 100, None, info).finish()
-    assert router.reference("interactive") == (1_500, 0, 100) and router.rate("interactive") == 1.0
-    busy = router.fly("moe", range(60_000), 300, None, _route(60.0))  # a long prefill: no chat fits there
+        load.fly(name, range(1_500), 100, None, info).finish()
+    assert load.reference("interactive") == (1_500, 0, 100) and load.rate("interactive") == 1.0
+    busy = load.fly("moe", range(60_000), 300, None, _route(60.0))  # a long prefill: no chat fits there
     busy.admitted()
-    assert not router.ready(router.lanes["moe"], "interactive", (1_500, 0, 100))
+    assert not load.ready(load.lanes["moe"], "interactive", (1_500, 0, 100))
     # A document on the 27B would leave no engine for chats for as long as it prefills; it can
     # wait until the 35B-A3B's prompt is in, and does.
-    name, info = router.route("dense", ["dense"], ANONYMOUS, "document", range(20_000), 300, None)
+    name, info = _routed(load, "dense", ["dense"], "document", range(20_000), 300)
     assert name == "dense" and info.hold_s > 5.0
     assert info.reason.endswith("(to keep an engine ready for interactive requests)")
     # One that cannot wait that long (~51 s of prefill) would cost more chats than itself:
     # turned away.
-    with pytest.raises(SloUnattainable, match=r"cannot wait .* to keep an engine ready for interactive"):
-        router.route("dense", ["dense"], ANONYMOUS, "document", range(80_000), 300, None)
+    no = _turned_away(load, "dense", ["dense"], "document", range(80_000), 300)
+    assert re.search(r"cannot wait .* to keep an engine ready for interactive", no.message)
     # Once the 35B-A3B is ready again, nothing is held.
     busy.finish()
-    _, info = router.route("dense", ["dense"], ANONYMOUS, "document", range(20_000), 300, None)
+    _, info = _routed(load, "dense", ["dense"], "document", range(20_000), 300)
     assert info.hold_s == 0.0
 
 
 def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     fleet = Fleet(ONE_BOX, ROUTING, "router")
-    router, clock = fleet.router, fleet.clock
-    assert router is not None
-    mate = router.lanes["moe"]
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
+    mate = load.lanes["moe"]
     for start in (0.0, 20.0, 40.0):  # busy 10 s of every 20 for the last minute
         clock.now = start
-        f = router.fly("moe", range(1_000), 10, None, _route(60.0))
+        f = load.fly("moe", range(1_000), 10, None, _route(60.0))
         clock.now = start + 10.0
         f.finish()
     clock.now = 60.0
@@ -286,7 +308,7 @@ def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     assert mate.busy_within(0.0, 5.0) == 0.0
     assert mate.busy_within(0.0, 30.0) == pytest.approx(10.0)
     # So a long prompt on the 27B is predicted slower than it would be on an idle box, a chat not.
-    lane = router.lanes["dense"]
+    lane = load.lanes["dense"]
     alone = lane.latency.predict(prompt_tokens=40_000).ttft_s
     assert lane.predict_tokens(40_000, 0, 10).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
     assert lane.predict_tokens(1_000, 0, 10).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)

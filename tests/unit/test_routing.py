@@ -53,7 +53,9 @@ def test_explicit_names_are_honoured_and_substituted_only_when_allowed() -> None
 
 def test_nothing_available() -> None:
     down = [Candidate("a", Prediction(0.1, 0.01), available=False)]
-    assert choose("auto", down, INTERACTIVE, 10, aliases=ALIASES) == NoRoute("no model is available", 5.0)
+    assert choose("auto", down, INTERACTIVE, 10, aliases=ALIASES) == NoRoute(
+        "no model is available", 5.0, "unavailable"
+    )
     assert choose("auto", cands(9, 9, 9), Slo("t", tpot_s=0.001), 10, aliases=ALIASES).retry_after_s == 5.0  # type: ignore[union-attr]
 
 

@@ -1,0 +1,458 @@
+"""Each engine's load as routing sees it: the requests routed there (`Flight`) and what they
+predict for a newcomer (`Lane`). Pure: times come from the lane's clock, and everything it
+knows of its engine comes in as values (`LaneSpec`).
+
+A newcomer's prediction on a lane (docs/routing.md):
+
+    TTFT = max(wait for a running slot, the prefills ahead) + its own prefill,
+           stretched where a busy engine on the same box overlaps it
+    TPOT = the model's time per token at the concurrency it will join, at its context,
+           stretched likewise, and by the share of time recent prompts spend prefilling
+
+and a check (`Lane.harms`) that its prefill would not push a request running there past
+its TPOT objective, nor (where the engine caps prefill chunks) one still to prefill past
+its TTFT objective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from policies import kv
+from policies.latency import LatencyModel, Prediction, Profile, slot_wait
+
+BUSY_HISTORY_S = 600.0  # how far back box-mates' busy spans are kept (longer than any prefill)
+MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
+PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
+MAX_PREFILL_SHARE = 0.8
+
+
+def _up() -> bool:
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneSpec:
+    """One engine as routing reads it."""
+
+    name: str
+    profile: Profile  # its latency before any observation
+    slots: int  # requests it runs at once
+    clock: Callable[[], float]  # the engine's clock: a simulated engine runs faster than the wall's
+    healthy: Callable[[], bool] = _up  # whether the engine is up now
+    block_size: int = 16  # tokens per prefix-cache block
+    cache_blocks: int = 0  # its prefix cache's pool (0: it caches no prefixes)
+    chunk_tokens: int = 0  # a prompt's chunk while others run or wait (vLLM's long_prefill_token_threshold; 0: none)
+    step_tokens: int = 0  # the scheduler's tokens per step (max_num_batched_tokens; 0: the chunk)
+    quality: float = 0.0  # candidates go best first
+    box: str = ""  # engines on one box share its memory bandwidth
+
+
+@dataclass(frozen=True)
+class Harm:
+    """What a new request would do to the requests on an engine (see `Lane.harms`)."""
+
+    reason: str = ""  # empty: it pushes none past its objective
+    clears_s: float = 0.0  # seconds until the last one it would push is done
+    crowding: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
+
+
+@dataclass(eq=False)
+class Flight:
+    """One routed request on its way through an engine: its timing feeds the model."""
+
+    lane: Lane
+    prompt_tokens: int
+    output_tokens: int  # expected (max_tokens, or the routing default)
+    keys: tuple[Hashable, ...]  # its prompt's prefix-cache keys
+    routed_at: float
+    tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
+    not_before: float = 0.0  # held until then (engine clock) so as not to stall running requests
+    ttft_due: float | None = None  # its first token is due by then (engine clock; SLO with headroom)
+    admitted_at: float | None = None
+    first_at: float | None = None
+    last_at: float | None = None
+    cached_tokens: int = 0
+    generated: int = 0
+    concurrency_sum: int = 0  # running flights seen at each output, for the mean concurrency
+    chunks: int = 0
+    # Others' work overlapped its prefill / its decode (another prompt prefilling here, a
+    # box-mate busy): such timings are not the model's own speed, so they teach it nothing.
+    # The predictions add those effects explicitly.
+    prefill_shared: bool = False
+    decode_shared: bool = False
+    done: bool = False
+    # At the end of its hold, seconds more to hold it so as not to take a reserved SLO
+    # class's capacity (`LoadModel.reserve`); None: no class is reserved from it.
+    reserve: Callable[[Flight], float] | None = None
+
+    def admitted(self) -> None:
+        self.admitted_at = self.lane.clock()
+        self.prefill_shared = self.lane.shared(self)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.admitted_at is not None and self.first_at is None
+
+    def tokens(self, n: int, cached_tokens: int | None = None) -> None:
+        """`n` new output tokens; the first call carries the engine's cached-token count."""
+        now = self.lane.clock()
+        if self.first_at is None:
+            self.first_at = now
+            self.cached_tokens = cached_tokens or 0
+            self.lane.seen(self.keys)
+            if self.admitted_at is not None and not (self.prefill_shared or self.lane.shared(self)):
+                self.lane.latency.observe_ttft(
+                    now - self.admitted_at, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens
+                )
+        else:
+            self.decode_shared = self.decode_shared or self.lane.shared(self)
+        self.last_at = now
+        self.generated += n
+        self.chunks += 1
+        self.concurrency_sum += self.lane.running()
+
+    def finish(self) -> None:
+        """Idempotent: observe the decode speed and leave the lane."""
+        if self.done:
+            return
+        self.done = True
+        self.lane.remove(self)
+        if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
+            return
+        if self.decode_shared:  # not the model's own speed (see `decode_shared`)
+            return
+        tpot = (self.last_at - self.first_at) / (self.generated - 1)
+        concurrency = max(1, round(self.concurrency_sum / self.chunks))
+        self.lane.latency.observe_tpot(
+            tpot, concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
+        )
+
+    def hold_again(self) -> float:
+        """Seconds more to hold it at the end of its hold (0: send it now)."""
+        wait = self.lane.hold_again(self)
+        if not wait and self.reserve is not None:
+            wait = self.reserve(self)
+            self.not_before = self.lane.clock() + wait
+        return wait
+
+    def remaining_s(self, tpot_s: float) -> float:
+        """Predicted seconds until it frees its slot (it runs to its expected length)."""
+        return max(0, self.output_tokens - self.generated) * tpot_s
+
+
+@dataclass(eq=False)
+class Lane:
+    """One engine's routing state."""
+
+    spec: LaneSpec
+    latency: LatencyModel
+    flights: list[Flight] = field(default_factory=list)
+    # A shadow of the engine's prefix cache: the blocks of prompts recently sent there.
+    cache: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    # Engines on the same box: they share its memory bandwidth, so a prefill on one
+    # slows the decodes of all.
+    mates: list[Lane] = field(default_factory=list)
+    # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
+    # that prompts take, which requests decoding here will also wait through.
+    prefills: deque[tuple[float, float]] = field(default_factory=deque)
+    # When this engine had requests: closed (start, end) spans and the open one's start.
+    # A box-mate's prefill progresses at half speed while this one is busy.
+    busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
+    busy_since: float | None = None
+
+    @property
+    def slots(self) -> int:
+        return self.spec.slots
+
+    def clock(self) -> float:
+        return self.spec.clock()
+
+    def add(self, flight: Flight) -> None:
+        if not self.flights:
+            self.busy_since = self.clock()
+        self.flights.append(flight)
+
+    def remove(self, flight: Flight) -> None:
+        self.flights.remove(flight)
+        if not self.flights and self.busy_since is not None:
+            now = self.clock()
+            self.busy_spans.append((self.busy_since, now))
+            self.busy_since = None
+            while self.busy_spans and self.busy_spans[0][1] < now - BUSY_HISTORY_S:
+                self.busy_spans.popleft()
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Seconds between t0 and t1 during which this engine had requests."""
+        spans = [*self.busy_spans, *([(self.busy_since, t1)] if self.busy_since is not None else [])]
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+
+    def prefilled_s(self, flight: Flight, now: float) -> float:
+        """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
+        busy box-mate shared counts half."""
+        if flight.admitted_at is None:
+            return 0.0
+        elapsed = now - flight.admitted_at
+        shared = max((m.busy_between(flight.admitted_at, now) for m in self.mates), default=0.0)
+        return elapsed - shared / 2
+
+    def ahead(self) -> list[Flight]:
+        """The requests here a newcomer comes after: all but those routing holds back. A held
+        one defers to newcomers: its hold ends with a check of what it would do then."""
+        now = self.clock()
+        return [f for f in self.flights if f.admitted_at is not None or f.not_before <= now]
+
+    def running(self) -> int:
+        return sum(1 for f in self.flights if f.admitted_at is not None)
+
+    @contextlib.contextmanager
+    def placed(self, flight: Flight) -> Iterator[None]:
+        """Predict as if `flight` were queued here; busy spans untouched."""
+        self.flights.append(flight)
+        try:
+            yield
+        finally:
+            self.flights.remove(flight)
+
+    @contextlib.contextmanager
+    def lifted(self, flight: Flight) -> Iterator[None]:
+        """Predict as if `flight` were not here; busy spans untouched."""
+        i = self.flights.index(flight)
+        del self.flights[i]
+        try:
+            yield
+        finally:
+            self.flights.insert(i, flight)
+
+    def shared(self, flight: Flight) -> bool:
+        """Whether others' work shares the box with `flight` now: another prompt prefilling
+        on its engine, or an engine beside it on the box with requests."""
+        return any(f is not flight and f.prefilling for f in self.flights) or any(m.ahead() for m in self.mates)
+
+    def seen(self, keys: Sequence[Hashable]) -> None:
+        for k in keys:
+            self.cache[k] = None
+            self.cache.move_to_end(k)
+        while len(self.cache) > self.spec.cache_blocks:
+            self.cache.popitem(last=False)
+
+    def keys(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[Hashable, ...]:
+        """The prompt's prefix-cache keys on this engine (none when it caches no prefixes)."""
+        if not self.spec.cache_blocks:
+            return ()
+        return kv.prefix_keys(prompt_ids, self.spec.block_size, salt)
+
+    def cached_tokens(self, keys: Sequence[Hashable]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self.cache:
+                break
+            n += 1
+        return n * self.spec.block_size
+
+    def predict_tokens(self, prompt_tokens: int, cached: int, output_tokens: int) -> Prediction:
+        here = self.ahead()
+        running = [f for f in here if f.admitted_at is not None]
+        queued = [f for f in here if f.admitted_at is None]
+        concurrency = min(self.slots, len(running) + 1)
+        step = self.step_s(concurrency, prompt_tokens)
+        services = [
+            self.latency.predict(prompt_tokens=f.prompt_tokens, concurrency=concurrency).total_s(f.output_tokens)
+            for f in queued
+        ]
+        wait = slot_wait([f.remaining_s(step) for f in running], services, self.slots)
+        # The prompts running and queued here delay its first token, not its decode
+        # (prefills arriving later would: `harms` guards against those).
+        own = self.latency.predict(
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            concurrency=concurrency,
+            context_tokens=prompt_tokens + output_tokens // 2,
+        )
+        ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached)) + own.ttft_s
+        decode = own.tpot_s * max(1, output_tokens)
+        # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
+        # steps take about twice as long. Stretch the part of the request the mate overlaps.
+        ttft_stretch = decode_stretch = 0.0
+        for m in self.mates:
+            ttft_stretch += m.busy_within(0.0, ttft)
+            decode_stretch += m.busy_within(ttft, ttft + decode)
+        tpot = (decode + decode_stretch) / max(1, output_tokens) / (1 - self.prefill_share())
+        return Prediction(ttft_s=ttft + ttft_stretch, tpot_s=tpot)
+
+    def busy_within(self, t0: float, t1: float) -> float:
+        """Expected seconds between t0 and t1 from now during which this engine has requests:
+        all of it until its work now is done (`busy_s`); after a usual idle gap, its share of
+        recent time. Its later work counts too: a long prompt on a box-mate prefills through
+        the requests that keep arriving here (docs/routing.md)."""
+        busy = self.busy_s()
+        duty, gap = self.duty()
+        again = busy + gap
+        return min(t1, busy) - min(t0, busy) + duty * (max(t1, again) - max(t0, again))
+
+    def duty(self) -> tuple[float, float]:
+        """Share of the last PREFILL_WINDOW_S this engine had requests, and its mean idle gap."""
+        now = self.clock()
+        since = now - PREFILL_WINDOW_S
+        busy = self.busy_between(since, now)
+        spans = sum(1 for _, end in self.busy_spans if end > since) + (self.busy_since is not None)
+        return busy / PREFILL_WINDOW_S, (PREFILL_WINDOW_S - busy) / max(1, spans)
+
+    def prefill_share(self) -> float:
+        """Share of the last PREFILL_WINDOW_S spent prefilling prompts routed here (capped)."""
+        now = self.clock()
+        while self.prefills and self.prefills[0][0] < now - PREFILL_WINDOW_S:
+            self.prefills.popleft()
+        return min(MAX_PREFILL_SHARE, sum(s for _, s in self.prefills) / PREFILL_WINDOW_S)
+
+    def step_s(self, concurrency: int, context_tokens: int) -> float:
+        return self.latency.predict(prompt_tokens=1, concurrency=concurrency, context_tokens=context_tokens).tpot_s
+
+    def busy_s(self) -> float:
+        """Predicted seconds until this engine has nothing left to do."""
+        here = self.ahead()
+        if not here:
+            return 0.0
+        step = self.step_s(max(1, self.running()), 0)
+        return self.prefill_all_s() + max(f.remaining_s(step) for f in here)
+
+    def until_first_token(self, flight: Flight, now: float) -> float:
+        """Predicted seconds until `flight` has its first token (0 once it has)."""
+        if flight.first_at is not None:
+            return 0.0
+        own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
+        if flight.admitted_at is not None:  # prefilling since then
+            return max(0.0, own - self.prefilled_s(flight, now))
+        here = self.ahead()
+        before = here[: here.index(flight)] if flight in here else here
+        return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
+
+    def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
+        """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
+        here = self.ahead()
+        later = here[here.index(flight) + 1 :] if flight in here else []
+        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
+
+    def prefill_ahead_s(self, new_tokens: int) -> float:
+        """Predicted seconds of other prompts' prefill before a new prompt of `new_tokens`
+        has prefilled. Without a chunk cap the engine prefills first come, first served: all
+        of them. With one (`LaneSpec.chunk_tokens`), each prompt ahead takes at most a
+        chunk of every step the new one prefills in, so a short prompt waits a chunk of each."""
+        cap = self.spec.chunk_tokens
+        if not cap:
+            return self.prefill_all_s()
+        steps = math.ceil(max(1, new_tokens) / cap)
+        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
+        total = sum(w for *_, w in waits)
+        if len(self.ahead()) == 1 and waits:
+            # A prompt alone is not capped: the step under way may be a whole budget of it.
+            f, left_s, w = waits[0]
+            total += min(left_s - w, self.chunk_s(f, self.spec.step_tokens or cap))
+        return total
+
+    def chunk_s(self, flight: Flight, tokens: int) -> float:
+        """A chunk of `flight`'s prompt at its end: the longest one (attention grows with context)."""
+        return self.prefill_s(flight.prompt_tokens) - self.prefill_s(max(0, flight.prompt_tokens - tokens))
+
+    def prefills_left(self) -> list[tuple[Flight, float]]:
+        """Each prompt here still to prefill, in the engine's order (those admitted first),
+        with its predicted seconds left. The first one admitted has had the engine's prefill
+        budget since its admission; the others are counted whole."""
+        here = self.ahead()
+        started = sorted((f for f in here if f.prefilling), key=lambda f: f.admitted_at or 0.0)
+        waiting = [f for f in here if f.admitted_at is None]
+        out = [(f, self.prefill_s(f.prompt_tokens - f.cached_tokens)) for f in [*started, *waiting]]
+        if started:
+            first, work = out[0]
+            out[0] = (first, max(0.0, work - self.prefilled_s(first, self.clock())))
+        return out
+
+    def prefill_backlog_s(self) -> float:
+        """Predicted seconds until the requests running here have all prefilled."""
+        return sum(left for f, left in self.prefills_left() if f.admitted_at is not None)
+
+    def prefill_all_s(self) -> float:
+        """Predicted seconds until every prompt here, running or queued, has prefilled, one
+        after another (first come, first served)."""
+        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.ahead() if f.admitted_at is None)
+        return self.prefill_backlog_s() + self.prefill_s(queued)
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s
+
+    def harms(self, prompt_tokens: int, keys: Sequence[Hashable], skip: Flight | None = None) -> Harm:
+        """What sending a new request here now would do to the requests already here: its
+        prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
+        would push past their TPOT objective are harmed, and with a chunk cap so are those still
+        to prefill that its chunks would push past their TTFT objective; `crowding` is the
+        largest share of any one's TPOT slack it would take. A box-mate's requests are not
+        counted: while it runs, the new request only slows them by the bandwidth it shares,
+        and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
+        overlap = self.mates_busy_s()  # once: it walks every flight on the box
+        stall = stretch(self.prefill_s(prompt_tokens - self.cached_tokens(keys)), overlap)
+        now = self.clock()
+        hurt = 0
+        clears = 0.0  # when the last request it would hurt is done
+        crowding = 0.0
+        here = self.ahead()  # a held request is no victim: it is checked again when its hold ends
+        for f in here:
+            if f is skip or f.tpot_objective is None or f.output_tokens < 2:
+                continue  # (queued ones count too: they will decode beside it)
+            step = self.step_s(max(1, self.running()), f.prompt_tokens)
+            decoded = 0.0 if f.first_at is None else now - f.first_at
+            # Its decode still has to sit through the prompts routed here after it, all of it
+            # slower while a box-mate is busy.
+            remaining = stretch(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)), overlap)
+            slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
+            if slack >= 0:
+                crowding = max(crowding, stall / slack if slack else math.inf)
+            if 0 <= slack < stall:  # it tips this one over
+                hurt += 1
+                clears = max(clears, self.until_first_token(f, now) + remaining)
+        # With a chunk cap its chunks also share the steps of the prompts still to prefill
+        # here, delaying their first tokens by up to its own prefill (without one it waits).
+        late = 0
+        if self.spec.chunk_tokens:
+            for f in here:
+                if f is skip or f.first_at is not None or f.ttft_due is None:
+                    continue
+                left = stretch(self.until_first_token(f, now), overlap)
+                if now + left <= f.ttft_due < now + left + min(stall, left):
+                    late += 1
+                    clears = max(clears, left)
+        if not (hurt or late):
+            return Harm(crowding=crowding)
+        why = " and ".join(
+            f"it would push {n} running request{'s' if n > 1 else ''} past their {what} objective"
+            for n, what in ((late, "TTFT"), (hurt, "TPOT"))
+            if n
+        )
+        return Harm(why, clears, crowding)
+
+    def mates_busy_s(self) -> float:
+        """Predicted seconds until every engine beside this one on its box is idle."""
+        return max((m.busy_s() for m in self.mates), default=0.0)
+
+    def hold_again(self, flight: Flight) -> float:
+        """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held
+        again while it would still harm the requests here and can still meet its TTFT objective
+        after waiting: holds are predictions, and a request that started late decodes late."""
+        now = self.clock()
+        harm = self.harms(flight.prompt_tokens, flight.keys, skip=flight)
+        if not harm.reason or flight.ttft_due is None:
+            return 0.0
+        wait = max(harm.clears_s, MIN_HOLD_S)
+        own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
+        if now + wait + stretch(own.ttft_s, self.mates_busy_s()) > flight.ttft_due:
+            return 0.0
+        flight.not_before = now + wait
+        return wait
+
+
+def stretch(seconds: float, mates_busy_s: float) -> float:
+    """`seconds` of an engine's work, longer by the part a busy box-mate overlaps (x2 then)."""
+    return seconds + min(seconds, mates_busy_s)

@@ -1,0 +1,221 @@
+"""policies/load.py and policies/lanes.py: routing's load model on a hand-driven clock, with
+no gateway (tests/unit/test_fleet.py drives it on the simulated boxes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from policies.lanes import BUSY_HISTORY_S, LaneSpec
+from policies.latency import Prediction, Profile
+from policies.load import LoadModel, RouteInfo, RouteQuery
+from policies.routing import NoRoute, Slo
+
+SLOW = Profile(  # the 27B's fit: best, slow
+    prefill_tokens_per_s=3016,
+    ttft_overhead_s=0.08,
+    prefill_s_per_ktoken2=0.00378,
+    tpot_s=0.0127,
+    tpot_per_sequence_s=0.00245,
+)
+FAST = Profile(  # the 35B-A3B's fit
+    prefill_tokens_per_s=7575,
+    ttft_overhead_s=0.08,
+    prefill_s_per_ktoken2=0.0015,
+    tpot_s=0.00585,
+    tpot_per_sequence_s=0.00074,
+)
+CLASSES = {
+    "interactive": Slo("interactive", ttft_s=2.0, tpot_s=0.06),
+    "document": Slo("document", ttft_s=60.0, tpot_s=0.06, prefer="fast"),
+    "batch": Slo("batch", deadline_s=300.0, prefer="fast"),
+}
+RESERVED = {**CLASSES, "interactive": Slo("interactive", ttft_s=2.0, tpot_s=0.06, reserve_slots=2)}
+ALIASES = {"auto": "class", "best": "best", "fast": "fast"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lane(name: str, clock: Clock, profile: Profile = SLOW, **kw: Any) -> LaneSpec:
+    return LaneSpec(name=name, profile=profile, slots=4, clock=clock, **kw)
+
+
+def two(clock: Clock, classes: dict[str, Slo] = CLASSES, **kw: Any) -> LoadModel:
+    """The slow best model and the fast one, on boxes of their own."""
+    specs = [lane("moe", clock, FAST, quality=25, box="b", **kw), lane("dense", clock, quality=34, box="a", **kw)]
+    return LoadModel(specs, classes, aliases=ALIASES, headroom=0.9)
+
+
+def ask(
+    model: LoadModel, requested: str, slo: str, prompt: int, output: int = 100, names: Sequence[str] = ()
+) -> RouteInfo | NoRoute:
+    query = RouteQuery(
+        requested=requested,
+        candidates=list(names or model.lanes),
+        slo_class=slo,
+        prompt_ids=range(prompt),
+        output_tokens=output,
+    )
+    return model.route(query)
+
+
+def info(model: str = "dense", slo: str = "document", ttft_s: float | None = 60.0, hold_s: float = 0.0) -> RouteInfo:
+    return RouteInfo(
+        model, slo, "test", Prediction(1.0, 0.01), tpot_objective=0.06, ttft_objective=ttft_s, hold_s=hold_s
+    )
+
+
+def test_lanes_go_best_first_and_box_mates_share_a_box() -> None:
+    clock = Clock()
+    model = two(clock)
+    assert list(model.lanes) == ["dense", "moe"]
+    assert model.lanes["dense"].mates == [] and model.lanes["moe"].mates == []
+    one_box = LoadModel([lane("a", clock), lane("b", clock)], CLASSES, aliases=ALIASES)
+    assert one_box.lanes["a"].mates == [one_box.lanes["b"]] and one_box.headroom == 1.0
+    assert model.slo("interactive") == Slo("interactive", ttft_s=2.0 * 0.9, tpot_s=0.06 * 0.9)
+
+
+def test_aliases_route_by_their_strategy_and_a_name_by_itself() -> None:
+    model = two(Clock())
+    best = ask(model, "best", "batch", 1_000)
+    assert isinstance(best, RouteInfo) and best.model == "dense" and best.reason == "best: meets batch"
+    fast = ask(model, "fast", "interactive", 1_000)
+    assert isinstance(fast, RouteInfo) and fast.model == "moe"
+    by_class = ask(model, "auto", "document", 1_000)  # documents prefer fast
+    assert isinstance(by_class, RouteInfo) and by_class.model == "moe" and by_class.slo == "document"
+    named = ask(model, "moe", "interactive", 1_000, names=["moe"])
+    assert isinstance(named, RouteInfo) and named.ttft_objective == 2.0 * 0.9 and named.tpot_objective == 0.06 * 0.9
+    assert ask(model, "dense", "batch", 1_000, names=["dense"]) == RouteInfo(
+        "dense",
+        "batch",
+        "requested; meets batch",
+        model.lanes["dense"].predict_tokens(1_000, 0, 100),
+        None,
+        None,
+    )
+    assert model.routed == {"dense": 2, "moe": 3} and model.rejected == 0
+
+
+def test_no_route_when_every_engine_is_down_is_no_slo_verdict() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock, healthy=lambda: False)], CLASSES, aliases=ALIASES)
+    assert ask(model, "auto", "interactive", 1_000) == NoRoute(
+        "no model is available", 5.0, "unavailable", "No engine that can serve 'auto' is available now (a)."
+    )
+    assert model.rejected == 0
+
+
+def test_turned_away_busy_when_load_is_the_reason_and_impossible_when_idle_would_not_do() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES, headroom=0.9)
+    never = ask(model, "auto", "interactive", 60_000)
+    assert isinstance(never, NoRoute) and never.kind == "impossible" and never.retry_after_s is None
+    assert never.message.startswith("No model can meet the 'interactive' latency objective for this request even when")
+    assert never.message.endswith("Use a less urgent SLO class (e.g. batch) or a shorter prompt.")
+    model.fly("a", range(30_000), 300)  # a long prompt queued ahead: a chat would wait ~15 s
+    busy = ask(model, "auto", "interactive", 1_000)
+    assert isinstance(busy, NoRoute) and busy.kind == "busy" and busy.retry_after_s is not None
+    assert f"under the current load: {busy.reason}. Retry in about {busy.retry_after_s:g} s" in busy.message
+    assert model.rejected == 2 and model.routed == {}
+
+
+def test_a_flight_s_cached_prefix_and_its_shadow_of_the_engine_s_cache() -> None:
+    clock = Clock()
+    specs = [lane("small", clock, cache_blocks=4), lane("big", clock, cache_blocks=8), lane("none", clock)]
+    model = LoadModel(specs, CLASSES, aliases=ALIASES)
+    prompt = range(100)  # 6 whole blocks of 16 before the last token's
+    for name in ("small", "big", "none"):
+        f = model.fly(name, prompt, 10, "team:a")
+        f.admitted()
+        f.tokens(1, 0)
+    small, big, none = (model.lanes[n] for n in ("small", "big", "none"))
+    assert len(small.cache) == 4 and small.cached_tokens(small.keys(prompt, "team:a")) == 0  # its first blocks evicted
+    assert big.cached_tokens(big.keys(prompt, "team:a")) == 6 * 16
+    assert big.cached_tokens(big.keys(prompt, "team:b")) == 0  # another tenant's cache
+    assert none.keys(prompt, "team:a") == () and none.cached_tokens(()) == 0
+
+
+def test_a_flight_finishes_once_and_old_busy_spans_are_dropped() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    f = model.fly("a", range(1_000), 10)
+    clock.now = 1.0
+    f.finish()
+    f.finish()
+    assert a.flights == [] and list(a.busy_spans) == [(0.0, 1.0)]
+    clock.now = BUSY_HISTORY_S + 10.0
+    g = model.fly("a", range(1_000), 10)
+    clock.now += 1.0
+    g.finish()
+    assert list(a.busy_spans) == [(BUSY_HISTORY_S + 10.0, BUSY_HISTORY_S + 11.0)]
+
+
+def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock), lane("b", clock)], CLASSES, aliases=ALIASES)  # one box
+    a, b = model.lanes["a"], model.lanes["b"]
+    first = model.fly("a", range(5_000), 100)
+    queued = model.fly("a", range(2_000), 100)
+    held = model.fly("a", range(3_000), 100, None, info("a", hold_s=10.0))
+    assert a.prefilled_s(queued, clock.now) == 0.0  # not admitted: nothing done
+    assert a.until_first_token(queued, 0.0) == pytest.approx(a.prefill_s(5_000) + a.prefill_s(2_000))
+    # A held one comes after everything there now.
+    assert a.until_first_token(held, 0.0) == pytest.approx(a.prefill_s(7_000) + a.prefill_s(3_000))
+    # Busy: the engine beside it on the box expects it busy until its work is done.
+    assert a.busy_s() > a.prefill_all_s() > 0 and b.mates_busy_s() == a.busy_s()
+    assert a.busy_within(0.0, 1.0) == 1.0
+    first.admitted()
+    assert first.prefilling and a.until_first_token(first, 0.0) == pytest.approx(a.prefill_s(5_000))
+
+
+def test_with_a_chunk_cap_requests_past_their_first_token_or_without_one_due_are_no_ttft_victims() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock, chunk_tokens=1024, step_tokens=2048)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    decoding = model.fly("a", range(1_000), 300, None, info("a", ttft_s=2.0))
+    decoding.admitted()
+    clock.now = 0.5
+    decoding.tokens(1, 0)
+    model.fly("a", range(5_000), 300).admitted()  # prefilling, no objective
+    assert "TTFT" not in a.harms(3_000, ()).reason
+
+
+def test_a_held_request_goes_when_waiting_longer_would_miss_its_own_first_token() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    decoding = model.fly("a", range(2_000), 300, None, info("a"))
+    decoding.admitted()
+    clock.now = 1.0
+    decoding.tokens(1, 0)
+    held = model.fly("a", range(40_000), 100, None, info("a", ttft_s=22.0, hold_s=1.0))
+    clock.now = 2.0  # its ~19 s prefill would still stall the decode, but it is due by 23 s
+    assert model.lanes["a"].harms(40_000, (), skip=held).reason
+    assert held.hold_again() == 0.0
+
+
+def test_lenient_work_before_any_reserved_request_or_beside_a_ready_engine_is_not_held() -> None:
+    clock = Clock()
+    model = two(clock, RESERVED)
+    sent = ask(model, "auto", "batch", 1_000)  # no chat seen yet: nothing to keep an engine ready for
+    assert isinstance(sent, RouteInfo) and sent.hold_s == 0.0
+    for t in (1.0, 2.0):
+        clock.now = t
+        chat = ask(model, "auto", "interactive", 1_500)
+        assert isinstance(chat, RouteInfo) and chat.model == "dense"
+        model.fly(chat.model, range(1_500), 100, None, chat).finish()
+    assert model.reference("interactive") == (1_500, 0, 100) and model.rate("interactive") == 1.0
+    model.fly("moe", range(60_000), 300).admitted()  # no chat fits there now
+    assert not model.ready(model.lanes["moe"], "interactive", (1_500, 0, 100))
+    # A short summary on the ready 27B leaves it ready; on the other it takes no ready engine.
+    for names in (["dense", "moe"], ["moe", "dense"]):
+        summary = ask(model, names[0], "batch", 1_000, names=names)
+        assert isinstance(summary, RouteInfo) and summary.hold_s == 0.0
