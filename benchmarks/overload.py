@@ -594,7 +594,8 @@ def admission_cost(users: int, per_user: int, slots: int, ops: int, cal_k: int, 
     Each timed operation is followed by an untimed one that restores the queue to the
     same size and shape, so every measurement sees the same queue.
     """
-    from policies.admission import Admission, Admit, Demand, PoolLimits, Queue, QueueLimits, Reject
+    from policies.admission import Admission
+    from policies.demand import Admit, Demand, PoolLimits, Queue, QueueLimits, Reject
 
     big = 10**12
     adm = Admission(

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError, from_reject
-from policies.admission import Admission, Admit, Demand, PoolLimits, PoolSnapshot, Queue, QueueLimits, Reject
+from policies.admission import Admission
+from policies.demand import Admit, Demand, PoolLimits, PoolSnapshot, Queue, QueueLimits, Reject
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
 from gateway.state import AppState, Counters
 from gateway.text import tokenizer as fast_tokenizer
-from policies.admission import PoolLimits, QueueLimits
+from policies.demand import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
-from policies.admission import Reject, RejectReason
+from policies.demand import Reject, RejectReason
 from policies.quotas import Deny, DenyReason
 
 log = logging.getLogger(__name__)

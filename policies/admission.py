@@ -28,106 +28,20 @@ import itertools
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 
-DEFAULT_MAX_QUEUED = 256
-DEFAULT_MAX_QUEUED_TOKENS = 4_000_000
-DEFAULT_MAX_QUEUED_PER_USER = 64
-DEFAULT_MAX_BYPASS = 4
-DEFAULT_MAX_SCAN = 16
+from policies.demand import (
+    Admit,
+    Decision,
+    Demand,
+    PoolLimits,
+    PoolSnapshot,
+    Queue,
+    QueueLimits,
+    Reject,
+    RejectReason,
+)
 
-
-class RejectReason(Enum):
-    """Why a request is turned away: (metric label, HTTP status, OpenAI error code)."""
-
-    REQUEST_TOO_LARGE = ("request_too_large", 400, "request_too_large")
-    QUEUE_FULL = ("queue_full", 503, "server_overloaded")
-    QUEUE_TOKENS_FULL = ("queue_tokens_full", 503, "server_overloaded")
-    USER_QUEUE_FULL = ("user_queue_full", 429, "rate_limit_exceeded")
-    DISPLACED = ("displaced_by_fair_share", 503, "server_overloaded")
-    QUEUE_TIMEOUT = ("queue_timeout", 503, "queue_timeout")
-    POOL_CLOSED = ("pool_closed", 503, "engine_unavailable")
-
-    @property
-    def label(self) -> str:
-        return self.value[0]
-
-    @property
-    def status(self) -> int:
-        return self.value[1]
-
-    @property
-    def code(self) -> str:
-        return self.value[2]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Demand:
-    """What one job needs from a pool, worst case (prompt + max output)."""
-
-    id: str
-    pool: str
-    user: str
-    priority: int = 0  # 0 is the most urgent class
-    sequences: int = 1  # running slots: prompts x n
-    private_blocks: int  # blocks nobody else can supply
-    # Chain keys of the prompt's full blocks that a live request may already
-    # hold (vLLM reuses whole blocks hashed from the start): each costs a block
-    # unless an admitted, prefilled request holds it.
-    shared_keys: tuple[Hashable, ...] = ()
-    # Hybrid (linear-attention) models: the engine can resume only where a state was
-    # cached, i.e. at the end of a live request's shared keys (its replay boundary).
-    resume_at_end_only: bool = False
-    tokens: int = 0  # what it counts against the queue's token bound
-    user_max_running: int | None = None  # the user's concurrency cap (jobs)
-
-    @property
-    def worst_case_blocks(self) -> int:
-        return self.private_blocks + len(self.shared_keys)
-
-
-@dataclass(frozen=True, slots=True)
-class Admit:
-    id: str
-    blocks: int  # blocks charged to the pool for it now
-    shared_blocks: int  # prompt blocks it shares with admitted requests
-
-
-@dataclass(frozen=True, slots=True)
-class Queue:
-    id: str
-    position: int  # entries ahead of it in its pool (all classes), 0-based
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    id: str
-    reason: RejectReason
-    message: str
-    retry_after: float | None = None  # seconds; None where waiting cannot help
-
-
-Decision = Admit | Queue | Reject
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolLimits:
-    """One engine's capacity, read from the running engine."""
-
-    name: str
-    blocks: int  # usable KV blocks
-    max_sequences: int  # running slots (vLLM's max_num_seqs, or lower)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QueueLimits:
-    max_queued: int = DEFAULT_MAX_QUEUED
-    max_queued_tokens: int = DEFAULT_MAX_QUEUED_TOKENS
-    max_queued_per_user: int = DEFAULT_MAX_QUEUED_PER_USER
-    max_bypass: int = DEFAULT_MAX_BYPASS
-    # Heads that do not fit, looked at per pass before giving up: keeps a decision
-    # O(log users) when thousands of users wait on a full pool.
-    max_scan: int = DEFAULT_MAX_SCAN
+DEFAULT_LIMITS = QueueLimits()
 
 
 @dataclass(slots=True)
@@ -152,19 +66,6 @@ class _Waiting:
     demand: Demand
     seq: int
     bypassed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
-    name: str
-    capacity_blocks: int
-    used_blocks: int
-    shared_blocks: int  # distinct prompt blocks in the prefix table
-    running_sequences: int
-    max_sequences: int
-    admitted: int
-    queued: int
-    queued_tokens: int
 
 
 @dataclass(slots=True)
@@ -210,7 +111,7 @@ class _Pool:
 class Admission:
     """The ledger and the fair queue of every pool. Not thread-safe: one event loop drives it."""
 
-    def __init__(self, pools: Iterable[PoolLimits], limits: QueueLimits = QueueLimits()) -> None:
+    def __init__(self, pools: Iterable[PoolLimits], limits: QueueLimits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self._pools = {p.name: _Pool(p) for p in pools}
         self._seq = itertools.count()

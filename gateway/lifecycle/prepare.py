@@ -30,8 +30,8 @@ from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
 from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
-from policies.admission import Demand
 from policies.context import ContextTooLong, OutputTooLong, plan_output
+from policies.demand import Demand
 from policies.load import RouteInfo, RouteQuery
 
 

@@ -31,7 +31,7 @@ from gateway.lifecycle.prepare import demand, priority_of
 from gateway.quota import Hold
 from gateway.router import Router
 from gateway.state import AppState
-from policies.admission import Demand
+from policies.demand import Demand
 from policies.lanes import Flight
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import pytest
 from benchmarks.kv_probe import KVProbe, ProbeRequest, make_prompt
 from engine_adapter.base import KVSpec
 from engine_adapter.vllm_local import kv_spec_from_config
-from policies.admission import Admission, Admit, Demand, PoolLimits
+from policies.admission import Admission
+from policies.demand import Admit, Demand, PoolLimits
 from policies.kv import footprint, resumes_at_end, sequence_blocks
 
 pytestmark = pytest.mark.engine  # starts vLLM engines

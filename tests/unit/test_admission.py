@@ -6,16 +6,8 @@ import itertools
 
 import pytest
 
-from policies.admission import (
-    Admission,
-    Admit,
-    Demand,
-    PoolLimits,
-    Queue,
-    QueueLimits,
-    Reject,
-    RejectReason,
-)
+from policies.admission import Admission
+from policies.demand import Admit, Demand, PoolLimits, Queue, QueueLimits, Reject, RejectReason
 
 _ids = itertools.count()
 

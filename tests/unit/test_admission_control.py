@@ -9,7 +9,7 @@ import pytest
 
 from gateway.admission import AdmissionControl
 from gateway.errors import GatewayError, Overloaded
-from policies.admission import Demand, PoolLimits, QueueLimits
+from policies.demand import Demand, PoolLimits, QueueLimits
 
 
 def control(blocks: int = 2, timeout: float = 5.0, **limits: int) -> AdmissionControl:
