@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,8 +38,25 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.api, api_key=KEY, max_retries=0)
 
 
+def routing_stats(server: Server) -> dict[str, Any]:
+    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()["routing"]  # type: ignore[no-any-return]
+
+
+def idle(server: Server) -> Server:
+    """The server once routing counts no request in flight: a stream's client sees [DONE]
+    a moment before the gateway lets go of it, and a test that expects an idle box's route
+    must not see the last test's request still there."""
+    deadline = time.monotonic() + 30
+    while any(m["in_flight"] for m in routing_stats(server)["models"].values()):
+        assert time.monotonic() < deadline, routing_stats(server)
+        time.sleep(0.05)
+    return server
+
+
 def test_auto_goes_to_the_best_model_on_an_idle_box(sim: Server) -> None:
-    raw = client(sim).chat.completions.with_raw_response.create(
+    raw = client(idle(sim)).chat.completions.with_raw_response.create(
         model="auto",
         messages=MESSAGES,  # type: ignore[arg-type]
         max_tokens=32,
@@ -52,7 +70,7 @@ def test_auto_goes_to_the_best_model_on_an_idle_box(sim: Server) -> None:
 
 
 def test_fast_streams_from_the_fastest_model(sim: Server) -> None:
-    with client(sim).chat.completions.with_streaming_response.create(
+    with client(idle(sim)).chat.completions.with_streaming_response.create(
         model="fast",
         messages=MESSAGES,  # type: ignore[arg-type]
         max_tokens=16,
@@ -97,7 +115,6 @@ def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: Server
 
 def test_stats_show_routing(sim: Server) -> None:
     client(sim).chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
-    r = httpx.get(f"{sim.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    routing = r.json()["routing"]
+    routing = routing_stats(sim)
     assert set(routing["models"]) == {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.6-35b-a3b"}
     assert sum(routing["routed"].values()) >= 1
