@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,6 @@ class TinyModelSpec:
 
     architecture: str
     with_weights: bool = False
-    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def build_tokenizer(out: Path) -> None:
@@ -196,7 +195,7 @@ def _lift_tokens(model: Any, tokenizer_dir: Path) -> None:
 
 def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
     """Write a model directory: config, tokenizer and (optionally) random weights."""
-    cfg = dict(ARCHITECTURES[spec.architecture], transformers_version="5.19.0", **spec.overrides)
+    cfg = dict(ARCHITECTURES[spec.architecture], transformers_version="5.19.0")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -260,14 +259,6 @@ DEFAULT_MODELS: dict[str, TinyModelSpec] = {
     "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
     "tiny-qwen3-swa": TinyModelSpec(architecture="qwen3_swa"),
     "tiny-gemma3-swa": TinyModelSpec(architecture="gemma3_swa"),
-    # The same architecture, wider and deeper: a slower model beside tiny-qwen3, for the
-    # routing test (config only: load it with load_format="dummy").
-    "tiny-qwen3-deep": TinyModelSpec(
-        architecture="qwen3",
-        overrides=dict(
-            hidden_size=1024, num_hidden_layers=16, intermediate_size=4096, num_attention_heads=8, head_dim=128
-        ),
-    ),
 }
 
 
