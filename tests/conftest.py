@@ -260,17 +260,28 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         srv.stop()
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("server")
+@contextlib.contextmanager
+def two_engine_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Server]:
+    """`sparkgate serve` on `server_config`: the two tiny vLLM engines, in a temp dir `name`."""
+    tmp = tmp_path_factory.mktemp(name)
     port = free_port()
     with launch(server_config(tmp, port), tmp / "server.log", port) as srv:
         yield srv
 
 
+def sdk_client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with two_engine_server(tmp_path_factory, "server") as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
+    return sdk_client(server)
 
 
 @pytest.fixture(scope="session")

@@ -12,22 +12,20 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, MOE, Server, free_port, launch, server_config
+from tests.conftest import DENSE, MESSAGES_SHORT, MOE, Server, sdk_client, two_engine_server
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("doomed")
-    port = free_port()
-    with launch(server_config(tmp, port), tmp / "server.log", port) as srv:
+    with two_engine_server(tmp_path_factory, "doomed") as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api, api_key=API_KEY, max_retries=0, timeout=120)
+    return sdk_client(server)
 
 
 def engine_core_pids(root_pid: int) -> list[int]:
