@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gateway.text.tokenizer import FastTokenizer, probe_corpus, wrap
+from gateway.text.probes import probe_corpus
+from gateway.text.tokenizer import FastTokenizer, wrap
 from policies.tokens import render_chat
 
 ROOT = Path(__file__).resolve().parents[2]
