@@ -533,21 +533,29 @@ def _outage_and_recovery(pair: Pair, key: str, scope: str, returned: int) -> Non
     assert quota_stats_for(pair.b, key)["replayed"] >= 3 and not quota_stats_for(pair.a, key)["down"]
 
 
-def test_a_crashed_replica_s_holds_expire(pair: Pair) -> None:
-    """Replica A dies holding a key's only concurrency slot; B serves the key again once the
-    lease runs out (LEASE_S), without anyone cleaning up."""
+def test_a_crashed_replica_s_holds_expire(pair: Pair, tmp_path: Path) -> None:
+    """A third replica on the same Redis dies holding a key's only concurrency slot; B serves
+    the key again once the lease runs out (LEASE_S), without anyone cleaning up. (A replica
+    of its own: the pair must outlive this test, whatever order the tests run in.)"""
     _, key = create_key(pair.b, "gina", max_concurrency=1)
+    port = free_port()
+    with launch(_config(tmp_path, port, pair.redis.url, "closed", "0"), tmp_path / "gateway-c.log", port) as doomed:
+        _crash_holding_a_slot(pair, doomed, key)
+
+
+def _crash_holding_a_slot(pair: Pair, doomed: Server, key: str) -> None:
+    """`doomed` is killed while it streams for `key`; B refuses the key until the lease lapses."""
 
     async def hold_and_crash() -> None:
         async with httpx.AsyncClient(timeout=60) as c:
             body = {"model": MODEL, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True, "stream": True}
             headers = {"Authorization": f"Bearer {key}"}
-            async with c.stream("POST", f"{pair.a.api}/chat/completions", json=body, headers=headers) as r:
+            async with c.stream("POST", f"{doomed.api}/chat/completions", json=body, headers=headers) as r:
                 assert r.status_code == 200
                 lines = r.aiter_lines()
                 await anext(lines)  # running: it holds the key's only slot
-                os.killpg(pair.a.proc.pid, signal.SIGKILL)  # A dies with the stream open: nothing settles
-                pair.a.proc.wait()
+                os.killpg(doomed.proc.pid, signal.SIGKILL)  # it dies with the stream open: nothing settles
+                doomed.proc.wait()
 
     expired_before = int(pair.r().hget(f"{PREFIX}stats", "expired") or 0)
     asyncio.run(hold_and_crash())

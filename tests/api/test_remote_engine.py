@@ -5,10 +5,13 @@ against that half."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,8 +37,37 @@ def write(path: str, cfg: dict) -> str:  # type: ignore[type-arg]
     return path
 
 
+class Host:
+    """The engine host: `sparkgate engine-host` on a fixed port, started again in place by
+    `restart` (after a test killed it), so the module's later tests find one whatever the
+    order."""
+
+    def __init__(self, stack: contextlib.ExitStack, config: Path, port: int) -> None:
+        self.stack, self.config, self.port = stack, config, port
+        self.starts = 0
+        self.server = self._launch()
+
+    def _launch(self) -> Server:
+        self.starts += 1
+        log = self.config.parent / f"host-{self.starts}.log"
+        env = {"SPARKGATE_ENGINE_TOKEN": TOKEN}
+        return self.stack.enter_context(launch(self.config, log, self.port, "engine-host", "/engine/v1/health", env))
+
+    def restart(self) -> None:
+        """Start it again on the same config and port (the old one must be gone)."""
+        self.server = self._launch()
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.server.proc
+
+
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     tmp = tmp_path_factory.mktemp("engine-host")
     port = free_port()
     cfg = {
@@ -62,13 +94,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         ],
     }
     write(str(tmp / "host.yaml"), cfg)
-    env = {"SPARKGATE_ENGINE_TOKEN": TOKEN}
-    with launch(tmp / "host.yaml", tmp / "host.log", port, "engine-host", "/engine/v1/health", env) as server:
-        yield server
+    with contextlib.ExitStack() as stack:
+        yield Host(stack, tmp / "host.yaml", port)
 
 
 @pytest.fixture(scope="module")
-def gateway(host: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def gateway(host: Host, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     from gateway.settings import hash_key
 
     tmp = tmp_path_factory.mktemp("remote-gateway")
@@ -97,13 +128,13 @@ def gateway(host: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield server
 
 
-def host_call(host: Server, method: str, path: str, gateway: str, token: str = TOKEN, **kw: object) -> httpx.Response:
+def host_call(host: Host, method: str, path: str, gateway: str, token: str = TOKEN, **kw: object) -> httpx.Response:
     """A call to the engine host as gateway `gateway`."""
     headers = {"Authorization": f"Bearer {token}", "X-Sparkgate-Gateway": gateway}
     return httpx.request(method, f"{host.base_url}/engine/v1{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
 
 
-def observe(host: Server) -> dict:  # type: ignore[type-arg]
+def observe(host: Host) -> dict:  # type: ignore[type-arg]
     """The host engine's stats, through a small claim of its own (the stats call renews it)."""
     r = host_call(host, "GET", f"/{MODEL}/stats", "observer")
     if r.status_code == 409:
@@ -124,7 +155,7 @@ def stats(server: Server) -> dict:  # type: ignore[type-arg]
     return r.json()  # type: ignore[no-any-return]
 
 
-def test_chat_is_served_by_the_engine_on_the_other_box(gateway: Server, host: Server) -> None:
+def test_chat_is_served_by_the_engine_on_the_other_box(gateway: Server, host: Host) -> None:
     before = observe(host)["generation_tokens"]
     raw = client(gateway).chat.completions.with_raw_response.create(
         model="auto",
@@ -164,7 +195,7 @@ def test_streaming_and_the_prefix_cache_cross_the_wire(gateway: Server) -> None:
     assert details is not None and details.cached_tokens == whole_blocks > 0
 
 
-def test_admission_counts_against_the_claimed_share(gateway: Server, host: Server) -> None:
+def test_admission_counts_against_the_claimed_share(gateway: Server, host: Host) -> None:
     info = host_call(host, "POST", f"/{MODEL}/claim", "probe", json={"share": 0.25})
     assert info.status_code == 200, info.text
     pool = info.json()["pool_blocks"]
@@ -184,7 +215,7 @@ def test_admission_counts_against_the_claimed_share(gateway: Server, host: Serve
     host_call(host, "DELETE", f"/{MODEL}/claim", "greedy")
 
 
-def test_the_host_wants_its_token(host: Server) -> None:
+def test_the_host_wants_its_token(host: Host) -> None:
     r = host_call(host, "POST", f"/{MODEL}/claim", "x", token="wrong", json={"share": 0.1})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     r = host_call(host, "POST", "/no-such-model/claim", "x", json={"share": 0.1})
@@ -212,7 +243,7 @@ def long_stream(gateway: Server) -> openai.Stream[Any]:
     )
 
 
-def test_a_client_that_hangs_up_frees_the_remote_engine(gateway: Server, host: Server) -> None:
+def test_a_client_that_hangs_up_frees_the_remote_engine(gateway: Server, host: Host) -> None:
     stream = long_stream(gateway)
     got = 0
     for chunk in stream:
@@ -244,7 +275,7 @@ def test_a_long_prefill_is_not_a_stall(gateway: Server) -> None:
     assert waited > 5, waited  # longer than the read timeout: only the heartbeat kept it open
 
 
-def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Server) -> None:
+def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Host) -> None:
     stream = long_stream(gateway)
     os.kill(host.proc.pid, signal.SIGSTOP)  # the host freezes: no bytes, no close
     try:
@@ -271,8 +302,8 @@ def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Server)
     assert stats(gateway)["engines"][MODEL]["admission"]["used_blocks"] == 0
 
 
-def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gateway: Server, host: Server) -> None:
-    host.proc.kill()  # last in this module: the fixture's host is gone for good
+def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gateway: Server, host: Host) -> None:
+    host.proc.kill()  # started again below, for the tests that come after
     host.proc.wait()
     deadline = time.monotonic() + 10
     while httpx.get(f"{gateway.base_url}/health").status_code == 200 and time.monotonic() < deadline:
@@ -288,12 +319,9 @@ def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gate
     assert "tiny-remote" in e.value.message
 
     # The host comes back (same config and port): the gateway's poll claims its share again.
-    tmp = host.log_path.parent
-    port = int(host.base_url.rsplit(":", 1)[1])
-    env = {"SPARKGATE_ENGINE_TOKEN": TOKEN}
-    with launch(tmp / "host.yaml", tmp / "host-again.log", port, "engine-host", "/engine/v1/health", env):
-        deadline = time.monotonic() + 10
-        while httpx.get(f"{gateway.base_url}/health").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
-        assert done.usage is not None and done.usage.completion_tokens >= 1
+    host.restart()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{gateway.base_url}/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
+    assert done.usage is not None and done.usage.completion_tokens >= 1

@@ -78,6 +78,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
+@pytest.fixture(scope="module", autouse=True)
+def first_auto(gateway: Server) -> Any:
+    """The gateway's first `auto` request, made before any test of this module runs (autouse),
+    whatever their order: routed while the router has observed nothing."""
+    return ask(gateway, "auto")
+
+
 def ask(server: Server, model: str, key: str = KEY, slo: str | None = None, max_tokens: int = 24) -> Any:
     client = openai.OpenAI(base_url=server.api, api_key=key, max_retries=0)
     headers = {"X-Sparkgate-SLO": slo} if slo else None
@@ -96,9 +103,9 @@ def routing_stats(server: Server) -> dict[str, Any]:
     return r.json()["routing"]  # type: ignore[no-any-return]
 
 
-def test_router_learns_engine_speed_and_routes_by_it(gateway: Server) -> None:
+def test_router_learns_engine_speed_and_routes_by_it(gateway: Server, first_auto: Any) -> None:
     # Before any observation both look equally fast: `auto` takes the better model.
-    first = ask(gateway, "auto")
+    first = first_auto
     assert first.headers["x-sparkgate-model"] == "deep"
     assert first.headers["x-sparkgate-slo"] == "snappy"
     assert first.headers["x-sparkgate-route"] == "best: meets snappy"
