@@ -14,8 +14,8 @@ from typing import Any
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
-from gateway.http import responses
-from gateway.http.responses import ChoiceState, CompletionLogprobs, Usage
+from gateway.http import bodies
+from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage
 from gateway.lifecycle.job import Job
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
     choices = [states[k] for k in sorted(states)]
     model = job.served.name
     if job.kind == "chat":
-        return responses.chat_completion(
+        return bodies.chat_completion(
             id=job.id,
             created=job.created,
             model=model,
@@ -99,7 +99,7 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
             usage=acct.usage,
             top_logprobs=job.logprobs,
         )
-    return responses.envelope(
+    return bodies.envelope(
         "text_completion",
         id=job.id,
         created=job.created,
@@ -126,7 +126,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
 
     def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
         return sse(
-            responses.envelope(
+            bodies.envelope(
                 object_name,
                 id=job.id,
                 created=job.created,
@@ -154,7 +154,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         {
                             "index": idx,
                             "delta": {"content": c.text} if c.text else {},
-                            "logprobs": responses.chat_logprobs(c.logprobs or (), job.logprobs)
+                            "logprobs": bodies.chat_logprobs(c.logprobs or (), job.logprobs)
                             if job.logprobs is not None
                             else None,
                             "finish_reason": c.finish_reason,

@@ -3,7 +3,7 @@
 Unknown fields are accepted and ignored: OpenAI SDKs and chat frontends send
 fields (`store`, `metadata`, `parallel_tool_calls`, ...) this gateway has no
 use for, and refusing them would break those clients. Responses are built as
-plain dicts in `responses.py` (hot path; they are never parsed back).
+plain dicts in `bodies.py` (hot path; they are never parsed back).
 """
 
 from __future__ import annotations

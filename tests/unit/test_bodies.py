@@ -1,5 +1,5 @@
 from engine_adapter.base import ChoiceDelta, TokenLogprob
-from gateway.http.responses import ChoiceState, CompletionLogprobs, Usage, chat_logprobs
+from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, chat_logprobs
 
 
 def lp(token: str, value: float) -> TokenLogprob:
