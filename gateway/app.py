@@ -23,6 +23,7 @@ from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
 from gateway.state import AppState, Counters
 from gateway.text import tokenizer as fast_tokenizer
+from gateway.text.templates import output_formats
 from policies.demand import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 await engine.start()
                 # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
                 tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer)
-                served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer))
+                formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
+                log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
+                served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats))
             app.state.sparkgate = AppState(
                 settings=settings,
                 registry=ModelRegistry(served),

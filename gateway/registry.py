@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapter.base import Engine
 from gateway.errors import ModelNotFound
 from gateway.settings import ModelSettings
+from gateway.text.templates import OutputFormats
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class ServedModel:
     settings: ModelSettings
     engine: Engine
     tokenizer: Any  # policies.tokens.ChatTokenizer
+    formats: OutputFormats = field(default_factory=OutputFormats)  # how it writes tool calls, reasoning
 
     @property
     def name(self) -> str:

@@ -259,6 +259,10 @@ class ModelSettings(_Model):
     token_pace_s: float = Field(0.0, ge=0)
     # Passed verbatim to vLLM's AsyncEngineArgs (names differ across versions).
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    # How the model writes tool calls and reasoning (docs/tools.md). "auto": read off the
+    # chat template (`<function=` -> qwen3_xml, `<tool_call>` -> hermes, `<think>` -> qwen3).
+    tool_parser: Literal["auto", "hermes", "qwen3_xml", "none"] = "auto"
+    reasoning_parser: Literal["auto", "qwen3", "none"] = "auto"
 
     # Admission: running jobs' sequences at once (None: the engine's max_num_seqs) and the
     # longest prompt + max_tokens accepted (None: max_model_len).

@@ -13,6 +13,7 @@ from gateway.admission import Ticket
 from gateway.http import output
 from gateway.http.deps import Caller, State
 from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.lifecycle.run import BodyEncoder, EventEncoder
 from gateway.state import AppState
 from policies import prefix
 
@@ -31,8 +32,8 @@ class _ReleasingStream(StreamingResponse):
     """A stream that gives back its job's holds however the response ends, even when the
     body is never iterated (the client left before the first byte)."""
 
-    def __init__(self, running: lifecycle.Running, **kw: Any) -> None:
-        super().__init__(running.events(output.stream), **kw)
+    def __init__(self, running: lifecycle.Running, encode: EventEncoder, **kw: Any) -> None:
+        super().__init__(running.events(encode), **kw)
         self.running = running
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,8 +66,16 @@ def _headers(job: lifecycle.Job, ticket: Ticket) -> dict[str, str]:
     return headers
 
 
-async def _answer(job: lifecycle.Job, state: AppState, request: Request) -> Response:
-    """Run the job and answer: a JSON body, a stream, or 499 for a client that left."""
+async def answer(
+    job: lifecycle.Job,
+    state: AppState,
+    request: Request,
+    *,
+    complete: BodyEncoder = output.complete,
+    stream: EventEncoder = output.stream,
+) -> Response:
+    """Run the job and answer with the surface's encoders: a JSON body, a stream, or 499
+    for a client that left."""
     try:
         running = await lifecycle.start(
             job,
@@ -79,8 +88,8 @@ async def _answer(job: lifecycle.Job, state: AppState, request: Request) -> Resp
     try:
         headers = _headers(job, running.ticket)
         if job.stream:
-            return _ReleasingStream(running, media_type="text/event-stream", headers=SSE_HEADERS | headers)
-        body = await running.body(output.complete)
+            return _ReleasingStream(running, stream, media_type="text/event-stream", headers=SSE_HEADERS | headers)
+        body = await running.body(complete)
     except lifecycle.ClientLeft:
         return Response(status_code=499)
     except BaseException:
@@ -90,7 +99,7 @@ async def _answer(job: lifecycle.Job, state: AppState, request: Request) -> Resp
     return JSONResponse(body, headers=headers | {"X-Sparkgate-Cached-Tokens": str(cached)})
 
 
-def _routing(state: AppState, request: Request) -> lifecycle.Routing:
+def routing_of(state: AppState, request: Request) -> lifecycle.Routing:
     if state.router is None:
         return lifecycle.NO_ROUTING
     return lifecycle.Routing(state.router, request.headers.get(state.settings.routing.header))
@@ -99,17 +108,17 @@ def _routing(state: AppState, request: Request) -> lifecycle.Routing:
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
-    job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, _routing(state, request))
-    return await _answer(job, state, request)
+    job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, routing_of(state, request))
+    return await answer(job, state, request)
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     job = await lifecycle.prepare_completion(
-        body, state.registry, caller, state.settings.limits, _routing(state, request)
+        body, state.registry, caller, state.settings.limits, routing_of(state, request)
     )
-    return await _answer(job, state, request)
+    return await answer(job, state, request)
 
 
 @router.get("/models")

@@ -8,6 +8,7 @@ from typing import Literal
 from engine_adapter.base import EngineRequest
 from gateway.auth import Principal
 from gateway.registry import ServedModel
+from gateway.text.assistant import TurnSpec
 from policies import tokens
 from policies.load import RouteInfo
 
@@ -24,7 +25,7 @@ class Meter:
 class Job:
     """A validated request, tokenized once, ready for its engine."""
 
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "responses"]
     id: str
     created: int
     served: ServedModel
@@ -41,6 +42,8 @@ class Job:
     prefix_changes: tuple[str, ...] = ("off",)
     # Routing's decision (None when routing is off); its timing record starts when it runs.
     route: RouteInfo | None = None
+    # How to read the output (reasoning, tool calls); plain text for completions.
+    turn: TurnSpec = field(default_factory=TurnSpec)
 
     @property
     def worst_case_tokens(self) -> int:

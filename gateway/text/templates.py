@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from gateway.text.assistant import THINK_END, ToolFormat
 from policies.tokens import ChatTokenizer
 
 _MARK = "\u2063sparkgate-probe\u2063"
@@ -57,3 +59,42 @@ def _probe(tokenizer: ChatTokenizer, kwargs_json: str) -> str:
         return extra if fixed[: fixed.index(_MARK)] == generation else ""
     except Exception:  # a template that cannot render the probe: leave history alone
         return ""
+
+
+@dataclass(frozen=True)
+class OutputFormats:
+    """How a model writes tool calls and reasoning: what its output parser needs."""
+
+    tool_format: ToolFormat | None = None
+    reasoning: bool = False  # the model thinks in <think>...</think>
+    think_end_id: int | None = None
+
+
+def output_formats(tokenizer: Any, tool_parser: str, reasoning_parser: str) -> OutputFormats:
+    """The configured formats, or ("auto") those the chat template shows."""
+    template = getattr(tokenizer, "chat_template", None)
+    text = template if isinstance(template, str) else json.dumps(template or "")
+    tool: ToolFormat | None
+    if tool_parser == "auto":
+        tool = "qwen3_xml" if "<function=" in text else "hermes" if "<tool_call>" in text else None
+    else:
+        tool = None if tool_parser == "none" else tool_parser  # type: ignore[assignment]
+    thinks = "<think>" in text if reasoning_parser == "auto" else reasoning_parser == "qwen3"
+    end_id = None
+    if thinks:
+        ids = tokenizer.encode(THINK_END, add_special_tokens=False)
+        end_id = ids[0] if len(ids) == 1 else None
+    return OutputFormats(tool_format=tool, reasoning=thinks, think_end_id=end_id)
+
+
+def reasoning_start(prompt_text: str) -> str:
+    """Where the output starts, from the prompt's last assistant header on: inside a think
+    block the prompt opened ("open"), after one it closed (thinking off: "none"), or
+    undecided, the model choosing whether to think ("maybe")."""
+    tail = prompt_text[prompt_text.rfind("<|im_start|>assistant") :] if "<|im_start|>" in prompt_text else prompt_text
+    opened, closed = tail.rfind("<think>"), tail.rfind(THINK_END)
+    if closed != -1 and closed > opened:
+        return "none"
+    if opened != -1:
+        return "open"
+    return "maybe"
