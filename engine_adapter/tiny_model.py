@@ -25,6 +25,14 @@ from typing import Any
 # Qwen3 (Qwen2.5 vocabulary) special tokens start here.
 QWEN3_SPECIAL_START = 151643
 QWEN3_VOCAB_SIZE = 151936
+# Added tokens that are text, not control, in Qwen3's own tokenizer.json ("special": false):
+# decoding keeps them, so tool calls and think blocks reach the output parser.
+QWEN3_TEXT_TOKENS = frozenset(
+    {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+    | {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+)
+# Bumped when the tokenizer or template changes: `prepare` then rebuilds the models.
+TOKENIZER_VERSION = "2"
 EOS_TOKEN_ID = 151645  # <|im_end|>
 PAD_TOKEN_ID = 151643  # <|endoftext|>
 
@@ -48,8 +56,9 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + content }}"
     "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
     "{%- for tc in message['tool_calls'] %}"
+    "{%- set args = tc['function']['arguments'] %}"
     "{{- '\\n<tool_call>\\n{\"name\": \"' + tc['function']['name'] + '\", \"arguments\": ' "
-    "+ tc['function']['arguments'] + '}\\n</tool_call>' }}"
+    "+ (args if args is string else args | tojson) + '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
@@ -148,6 +157,10 @@ def build_tokenizer(out: Path) -> None:
             raise RuntimeError(f"special token {text!r} got id {tok.token_to_id(text)}, want {token_id}")
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
+    spec = json.loads((out / "tokenizer.json").read_text())
+    for added in spec["added_tokens"]:
+        added["special"] = added["content"] not in QWEN3_TEXT_TOKENS
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     config = {
         "tokenizer_class": "Qwen2Tokenizer",
         "bos_token": None,
@@ -265,8 +278,11 @@ DEFAULT_MODELS: dict[str, TinyModelSpec] = {
 def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
     """Build the tokenizer once and each named model dir under `root` (idempotent)."""
     tokenizer_dir = root / "_tokenizer-qwen3"
-    if force or not (tokenizer_dir / "tokenizer_config.json").exists():
+    version = tokenizer_dir / ".version"
+    if force or not version.exists() or version.read_text() != TOKENIZER_VERSION:
         build_tokenizer(tokenizer_dir)
+        version.write_text(TOKENIZER_VERSION)
+        force = True  # every model carries a copy of the tokenizer
     written = []
     for name in names or list(DEFAULT_MODELS):
         out = root / name

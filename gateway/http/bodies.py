@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapter.base import ChoiceDelta, TokenLogprob
+from gateway.text.assistant import Turn
 
 
 def _bytes(token: str) -> list[int]:
@@ -91,6 +92,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens, those inside think blocks
 
     def body(self) -> dict[str, Any]:
         return {
@@ -98,12 +100,40 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
         }
 
 
+def tool_call(index: int | None, id: str, name: str, arguments: str) -> dict[str, Any]:
+    call: dict[str, Any] = {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return call if index is None else {"index": index, **call}
+
+
+def chat_message(turn: Turn) -> dict[str, Any]:
+    """The assistant message: the answer, the reasoning under both names clients read
+    (`reasoning_content`, vLLM's older; `reasoning`, its newer), the tool calls."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        # OpenAI sends null content beside tool calls when there is no text.
+        "content": turn.content if turn.content or not turn.tool_calls else None,
+        "refusal": None,
+        "tool_calls": [tool_call(None, c.id, c.name, c.arguments) for c in turn.tool_calls],
+    }
+    if turn.saw_reasoning:
+        message["reasoning_content"] = message["reasoning"] = turn.reasoning
+    return message
+
+
 def chat_completion(
-    *, id: str, created: int, model: str, choices: list[ChoiceState], usage: Usage, top_logprobs: int | None
+    *,
+    id: str,
+    created: int,
+    model: str,
+    choices: list[tuple[ChoiceState, Turn, str | None]],
+    usage: Usage,
+    top_logprobs: int | None,
 ) -> dict[str, Any]:
+    """`choices`: each choice's state, its parsed turn and its finish reason."""
     return {
         "id": id,
         "object": "chat.completion",
@@ -112,11 +142,11 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "message": chat_message(turn),
                 "logprobs": chat_logprobs(c.logprobs, top_logprobs) if top_logprobs is not None else None,
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish,
             }
-            for c in choices
+            for c, turn, finish in choices
         ],
         "usage": usage.body(),
         "system_fingerprint": None,

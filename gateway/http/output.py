@@ -15,8 +15,10 @@ from typing import Any
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
 from gateway.http import bodies
-from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage
+from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, tool_call
 from gateway.lifecycle.job import Job
+from gateway.text import assistant
+from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
     acct = _Accounting(job)
     states: dict[int, ChoiceState] = {}
     legacy: dict[int, CompletionLogprobs] = {}
+    parsers: dict[int, TurnParser] = {}
+    turns: dict[int, assistant.Turn] = {}
     async for i, chunk in chunks:
         acct.observe(i, chunk)
         for c in chunk.choices:
@@ -83,19 +87,27 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
             state = states.get(idx)
             if state is None:
                 state = states[idx] = ChoiceState(index=idx)
+                parsers[idx], turns[idx] = TurnParser(job.turn), assistant.Turn()
                 if job.kind == "completion" and job.echo:
                     state.text = acct.echo(i, lp)
             state.add(c)
+            if job.kind == "chat":
+                turns[idx].apply(parsers[idx].feed(c.text, c.token_ids))
             if job.kind == "completion" and job.logprobs is not None and c.logprobs:
                 lp.add(list(c.logprobs), _token_texts(c.logprobs))
     choices = [states[k] for k in sorted(states)]
     model = job.served.name
     if job.kind == "chat":
+        for idx, parser in parsers.items():
+            turns[idx].apply(parser.finish())
+        acct.usage.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
         return bodies.chat_completion(
             id=job.id,
             created=job.created,
             model=model,
-            choices=choices,
+            choices=[
+                (c, turns[c.index], assistant.finish_reason(c.finish_reason, parsers[c.index].calls)) for c in choices
+            ],
             usage=acct.usage,
             top_logprobs=job.logprobs,
         )
@@ -117,10 +129,30 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
     )
 
 
+def chat_deltas(events: list[Event]) -> list[dict[str, Any]]:
+    """A choice's parsed output as chat deltas: text of one kind merged, each tool call's
+    id and name once, then its arguments in pieces."""
+    deltas: list[dict[str, Any]] = []
+    for e in events:
+        if isinstance(e, ReasoningDelta | ContentDelta):
+            keys = ("reasoning_content", "reasoning") if isinstance(e, ReasoningDelta) else ("content",)
+            if deltas and set(deltas[-1]) == set(keys):
+                for k in keys:
+                    deltas[-1][k] += e.text
+            else:
+                deltas.append(dict.fromkeys(keys, e.text))
+        elif isinstance(e, ToolCallStart):
+            deltas.append({"tool_calls": [tool_call(e.index, e.id, e.name, "")]})
+        elif isinstance(e, ToolCallArgs):
+            deltas.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.delta}}]})
+    return deltas
+
+
 async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
     """The job's merged engine chunks as SSE lines."""
     acct = _Accounting(job)
     started: set[int] = set()
+    parsers: dict[int, TurnParser] = {}
     legacy: dict[int, CompletionLogprobs] = {}
     object_name = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
 
@@ -146,20 +178,28 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                 if job.kind == "chat":
                     if idx not in started:
                         started.add(idx)
+                        parsers[idx] = TurnParser(job.turn)
                         role = {"role": "assistant", "content": ""}
                         yield frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}])
-                    if not c.text and c.finish_reason is None and not c.logprobs:
+                    parser = parsers[idx]
+                    events = parser.feed(c.text, c.token_ids)
+                    if c.finish_reason is not None:
+                        events += parser.finish()
+                    deltas = chat_deltas(events)
+                    if not deltas and c.finish_reason is None and not c.logprobs:
                         continue
-                    out.append(
-                        {
-                            "index": idx,
-                            "delta": {"content": c.text} if c.text else {},
-                            "logprobs": bodies.chat_logprobs(c.logprobs or (), job.logprobs)
-                            if job.logprobs is not None
-                            else None,
-                            "finish_reason": c.finish_reason,
-                        }
+                    logprobs = (
+                        bodies.chat_logprobs(c.logprobs or (), job.logprobs) if job.logprobs is not None else None
                     )
+                    finish = assistant.finish_reason(c.finish_reason, parser.calls)
+                    for k, delta in enumerate(deltas or [{}]):
+                        last = k == max(len(deltas), 1) - 1
+                        entry = {"index": idx, "delta": delta, "logprobs": logprobs if k == 0 else None}
+                        entry["finish_reason"] = finish if last else None
+                        if last:
+                            out.append(entry)
+                        else:
+                            yield frame([entry])
                 else:
                     text = c.text
                     lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
@@ -182,6 +222,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
             if out:
                 yield frame(out)
         if job.include_usage:
+            acct.usage.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
             yield frame([], acct.usage)
     except Exception as exc:  # the status line is sent: report in-band
         err = from_exception(exc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
@@ -27,6 +27,9 @@ class ContentPart(_Request):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+
+
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.:-]{1,64}$")]
 
 
 class ToolCallFunction(_Request):
@@ -46,6 +49,44 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # A past answer's reasoning, as this gateway returned it (either name).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDefinition(_Request):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def _tool_choice(v: Any) -> Any:
+    """One clear message for a bad tool_choice (a union would report each member's error)."""
+    if v is None or v in ("none", "auto", "required") or isinstance(v, NamedToolChoice):
+        return v
+    function = v.get("function") if isinstance(v, dict) else None
+    named = isinstance(v, dict) and v.get("type") == "function"
+    if named and isinstance(function, dict) and isinstance(function.get("name"), str):
+        return NamedToolChoice.model_validate(v)
+    raise ValueError('must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
 
 
 class JsonSchemaFormat(_Request):
@@ -109,8 +150,11 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Annotated[ToolChoice | None, BeforeValidator(_tool_choice)] = None
+    parallel_tool_calls: bool | None = None
+    # "none" turns thinking off; the other efforts leave it on (Qwen models have no levels).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -118,6 +162,26 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
+
+    @property
+    def function_tools(self) -> dict[str, dict[str, Any]]:
+        """Each tool's parameters schema by function name."""
+        return {t.function.name: t.function.parameters or {} for t in self.tools or ()}
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function a named tool_choice forces."""
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    @property
+    def thinking(self) -> bool | None:
+        """Whether the request asks for thinking (None: the template's default)."""
+        kwargs = self.chat_template_kwargs or {}
+        if "enable_thinking" in kwargs:
+            return bool(kwargs["enable_thinking"])
+        if self.reasoning_effort is not None:
+            return self.reasoning_effort != "none"
+        return None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -10,11 +10,12 @@ Every API surface builds its job here; `gateway.lifecycle.run` takes it from the
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from engine_adapter.base import (
     EngineRequest,
@@ -23,11 +24,13 @@ from engine_adapter.base import (
 )
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, ToolCall
 from gateway.lifecycle.job import Job
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
+from gateway.text import templates
+from gateway.text.assistant import TurnSpec
 from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
 from policies.context import ContextTooLong, OutputTooLong, plan_output
@@ -54,13 +57,85 @@ def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, An
         role = "system" if m.role == "developer" else m.role
         msg: dict[str, Any] = {"role": role, "content": content or ""}
         if m.tool_calls:
-            msg["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+            msg["tool_calls"] = [_template_call(tc) for tc in m.tool_calls]
+        if reasoning := m.reasoning_content or m.reasoning:
+            msg["reasoning_content"] = reasoning
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         if m.name:
             msg["name"] = m.name
         out.append(msg)
     return out
+
+
+def _template_call(tc: ToolCall) -> dict[str, Any]:
+    """A past call as templates take it: arguments as an object where they parse (Qwen's
+    XML templates iterate them; the JSON ones write either form)."""
+    call = tc.model_dump()
+    try:
+        args = json.loads(tc.function.arguments)
+    except ValueError:
+        return call
+    if isinstance(args, dict):
+        call["function"]["arguments"] = args
+    return call
+
+
+def _tools_checked(req: ChatCompletionRequest) -> None:
+    """OpenAI's rules for tools and tool_choice (400 naming the parameter)."""
+    names = [t.function.name for t in req.tools or ()]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("Function names in 'tools' must be unique.", param="tools")
+    forced = req.forced_function
+    if forced is not None and forced not in names:
+        raise InvalidRequest(
+            f"Invalid value for 'tool_choice': no function named '{forced}' in 'tools'.", param="tool_choice"
+        )
+    if req.tool_choice == "required" and not names:
+        raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
+
+
+def _forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The grammar of a forced call (vLLM's server uses the same): a named function's
+    arguments object, or for "required" an array of {name, parameters} calls."""
+    tools = req.function_tools
+    forced = req.forced_function
+    if forced is not None:
+        return tools[forced] or {"type": "object"}
+    if req.tool_choice != "required":
+        return None
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params or {"type": "object"}},
+            "required": ["name", "parameters"],
+        }
+        for name, params in tools.items()
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if req.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt) -> TurnSpec:
+    """How this request's output is read: where reasoning starts, which tool calls to parse."""
+    formats = served.formats
+    reasoning = templates.reasoning_start(prompt.text) if formats.reasoning else "none"
+    forced: Literal["named", "required"] | None = None
+    if req.forced_function is not None:
+        forced = "named"
+    elif req.tool_choice == "required":
+        forced = "required"
+    parse_calls = bool(req.tools) and req.tool_choice != "none" and forced is None
+    return TurnSpec(
+        reasoning=reasoning,  # type: ignore[arg-type]
+        tool_format=formats.tool_format if parse_calls else None,
+        tools=req.function_tools,
+        forced=forced,
+        forced_name=req.forced_function,
+        think_end_id=formats.think_end_id,
+    )
 
 
 def _structured(req: SamplingFields) -> StructuredOutput | None:
@@ -88,6 +163,7 @@ def _sampling(
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None,
+    structured: StructuredOutput | None = None,
 ) -> SamplingOptions:
     return SamplingOptions(
         max_tokens=max_tokens,
@@ -108,7 +184,7 @@ def _sampling(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         logit_bias=_logit_bias(req.logit_bias),
-        structured=_structured(req),
+        structured=structured or _structured(req),
         skip_special_tokens=req.skip_special_tokens,
     )
 
@@ -203,9 +279,18 @@ async def _render_for(
 ) -> tuple[tokens.Prompt, tuple[str, ...]]:
     try:
         # Tokenizing a long prompt takes milliseconds: keep the event loop free.
-        return await asyncio.to_thread(_render, served, messages, req.tools, req.chat_template_kwargs, policy)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        return await asyncio.to_thread(_render, served, messages, tools, _template_kwargs(req), policy)
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The client's template kwargs; `reasoning_effort: "none"` turns thinking off."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    return kwargs or None
 
 
 async def prepare_chat(
@@ -217,6 +302,7 @@ async def prepare_chat(
 ) -> Job:
     candidates = _candidates(registry, routing, req.model, principal)
     _check_common(req, limits)
+    _tools_checked(req)
     messages = _messages_for_template(req.messages)
     first = candidates[0]
     prompt, changes = await _render_for(first, messages, req, _prefix_policy(first, principal))
@@ -226,10 +312,17 @@ async def prepare_chat(
     max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     job_id = f"chatcmpl-{uuid.uuid4().hex}"
+    forced = _forced_schema(req)
     request = EngineRequest(
         request_id=job_id,
         prompt_token_ids=prompt.token_ids,
-        sampling=_sampling(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=None),
+        sampling=_sampling(
+            req,
+            max_tokens=max_tokens,
+            logprobs=top,
+            prompt_logprobs=None,
+            structured=None if forced is None else StructuredOutput(json_schema=forced),
+        ),
         cache_salt=_cache_salt(served, principal),
     )
     job = Job(
@@ -246,6 +339,7 @@ async def prepare_chat(
         logprobs=top,
         prefix_changes=changes,
         route=info,
+        turn=_turn(served, req, prompt),
     )
     return job
 

@@ -25,11 +25,12 @@ def test_choice_state_accumulates() -> None:
 
 
 def test_usage_body() -> None:
-    assert Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=4).body() == {
+    assert Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=4, reasoning_tokens=1).body() == {
         "prompt_tokens": 5,
         "completion_tokens": 2,
         "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 1},
     }
 
 
