@@ -15,7 +15,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
 @pytest.mark.parametrize(
-    "name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml", "replay.yaml"]
+    "name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml", "replay.yaml", "frontend.yaml"]
 )
 def test_config_loads(name: str) -> None:
     s = load_settings(CONFIG / name)
