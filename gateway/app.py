@@ -32,12 +32,14 @@ EngineFactory = Callable[[Settings, ModelSettings], Engine]
 
 
 def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
-    """The engine a model's settings ask for: vLLM in this process, the simulated box, or
-    an engine on another box."""
+    """The engine a model's settings ask for: vLLM in this process, the simulated box, an
+    engine on another box, or recorded text replayed."""
     if model.engine == "simulated":
         return simulated_engine(settings, model)
     if model.engine == "remote":
         return remote_engine(settings, model)
+    if model.engine == "replay":
+        return replay_engine(settings, model)
     from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
 
     path = str(settings.model_path(model))
@@ -84,6 +86,20 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,
+        )
+    )
+
+
+def replay_engine(settings: Settings, model: ModelSettings) -> Engine:
+    from engine_adapter.replay import ReplayEngine, ReplayEngineConfig
+
+    return ReplayEngine(
+        ReplayEngineConfig(
+            name=model.name,
+            tokenizer=str(settings.model_path(model)),
+            max_model_len=model.max_model_len,
+            max_num_seqs=model.max_num_seqs,
+            token_delay_s=model.replay.token_delay_s,
         )
     )
 

@@ -210,6 +210,12 @@ class SimulatedSettings(_Model):
         return v
 
 
+class ReplaySettings(_Model):
+    """A replay engine (engine: replay): recorded Qwen3 text, no model (engine_adapter/replay.py)."""
+
+    token_delay_s: float = Field(0.0, ge=0)  # wall seconds between tokens
+
+
 class RemoteSettings(_Model):
     """An engine on another box, served by `sparkgate engine-host` there (engine: remote)."""
 
@@ -229,8 +235,9 @@ class ModelSettings(_Model):
     path: str
     aliases: tuple[str, ...] = ()
     # vllm: in this process; simulated: the DGX Spark box model; remote: on another box
-    # (`path` is then a local copy of the model's tokenizer).
-    engine: Literal["vllm", "simulated", "remote"] = "vllm"
+    # (`path` is then a local copy of the model's tokenizer); replay: recorded Qwen3 turns
+    # picked by a `[[replay:NAME]]` tag in the prompt (`path`: a Qwen tokenizer's directory).
+    engine: Literal["vllm", "simulated", "remote", "replay"] = "vllm"
     tokenizer: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int = Field(4096, ge=16)
@@ -275,6 +282,7 @@ class ModelSettings(_Model):
     # A simulated engine (engine: simulated): the DGX Spark box model's model and time scale.
     simulated: SimulatedSettings | None = None
     remote: RemoteSettings | None = None
+    replay: ReplaySettings = ReplaySettings()
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
@@ -505,10 +513,10 @@ class Settings(BaseSettings):
 
     def missing_model_dirs(self) -> list[str]:
         """Models whose directory lacks what this process loads, as readable lines: a whole
-        model (config.json) here, only the tokenizer for a model on another box."""
+        model (config.json) here, only the tokenizer for a model on another box or replayed."""
         lines = []
         for m in self.models:
-            needed = "tokenizer_config.json" if m.engine == "remote" else "config.json"
+            needed = "tokenizer_config.json" if m.engine in ("remote", "replay") else "config.json"
             if not (self.model_path(m) / needed).is_file():
                 lines.append(f"model {m.name!r}: {self.model_path(m)} has no {needed}")
         return lines

@@ -281,6 +281,36 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
 
 
+REPLAY = "replay"  # a replay engine, tool calls read as Qwen3's JSON form (the tiny template's)
+REPLAY_XML = "replay-xml"  # the same recordings, tool calls read as the XML form
+
+
+def replay_config(tmp: Path, port: int) -> Path:
+    """Replay engines (engine_adapter/replay.py): recorded Qwen turns, no model weights."""
+    from gateway.settings import hash_key
+
+    path = str(MODELS / "tiny-qwen3")
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "auth": {"required": True, "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}]},
+        "models": [
+            {"name": REPLAY, "engine": "replay", "path": path, "max_model_len": 4096},
+            {"name": REPLAY_XML, "engine": "replay", "path": path, "max_model_len": 4096, "tool_parser": "qwen3_xml"},
+        ],
+    }
+    out = tmp / "sparkgate-replay.yaml"
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+@pytest.fixture(scope="session")
+def replay_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("replay")
+    port = free_port()
+    with launch(replay_config(tmp, port), tmp / "server.log", port) as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def client(server: Server) -> openai.OpenAI:
     return sdk_client(server)

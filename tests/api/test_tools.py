@@ -200,3 +200,16 @@ def test_thinking_off_has_no_reasoning_fields(server: Server) -> None:
         message = r.json()["choices"][0]["message"]
         assert r.status_code == 200 and "reasoning_content" not in message and "reasoning" not in message
         assert r.json()["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+def test_langchain_structured_output_and_tools(server: Server) -> None:
+    """LangChain's ChatOpenAI, unchanged: `with_structured_output` (a JSON schema) and a
+    forced tool through `bind_tools`, on the real engine's grammar."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=DENSE, base_url=server.api, api_key=API_KEY, max_retries=0, max_tokens=64, seed=7)  # type: ignore[arg-type]
+    out = llm.with_structured_output(Weather).invoke("What is the weather in Paris?")
+    assert isinstance(out, Weather)
+    forced = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    (call,) = forced.tool_calls
+    assert call["name"] == "get_weather" and set(call["args"]) == {"city"}

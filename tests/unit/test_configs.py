@@ -14,7 +14,9 @@ from policies.memory_plan import MemoryPlan
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml"])
+@pytest.mark.parametrize(
+    "name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml", "replay.yaml"]
+)
 def test_config_loads(name: str) -> None:
     s = load_settings(CONFIG / name)
     plan = s.memory_plan()
