@@ -61,6 +61,7 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
         echo=translated.echo,
         conversation=translated.conversation,
         save=save if req.store else None,
+        summary=req.reasoning is not None and req.reasoning.summary is not None,
     )
     return await answer(job, state, request, complete=encoder.complete, stream=encoder.stream)
 

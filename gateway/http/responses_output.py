@@ -4,13 +4,19 @@ server-sent events (`event: <type>\\ndata: <json>\\n\\n`, each with a `sequence_
 The output text is read with the job's `TurnParser` (gateway/text/assistant.py); its
 events become output items, one open at a time:
 
-    ReasoningDelta   -> a `reasoning` item (its text as `reasoning_text` content; no summary)
+    ReasoningDelta   -> a `reasoning` item: its text as `reasoning_text` content, and as
+                        its one `summary_text` when the request asks for a summary
+                        (`reasoning.summary`): a Qwen model writes no summary of its own,
+                        and its reasoning is the closest stand-in (LangChain, for one,
+                        shows reasoning only from summaries)
     ContentDelta     -> a `message` item (one `output_text` part)
     ToolCallStart    -> a `function_call` item; ToolCallArgs its arguments; ToolCallEnd closes it
 
 Streamed, per item: `response.output_item.added`, then for text items
 `response.content_part.added`, the deltas (`response.output_text.delta` /
-`response.reasoning_text.delta`), their `.done`, `response.content_part.done`; for calls
+`response.reasoning_text.delta`), their `.done`, `response.content_part.done` (and with a
+summary, `response.reasoning_summary_part.added`, `.reasoning_summary_text.delta` / `.done`,
+`.reasoning_summary_part.done`); for calls
 `response.function_call_arguments.delta` / `.done`; then `response.output_item.done`. The
 stream opens with `response.created` and `response.in_progress` and ends with
 `response.completed`, or `response.incomplete` when the output hit its token limit. An
@@ -59,9 +65,10 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str | None, status: str, *, summary: bool = False) -> dict[str, Any]:
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+    summaries = [{"type": "summary_text", "text": text}] if summary and text is not None else []
+    return {"id": item_id, "type": "reasoning", "summary": summaries, "content": content, "status": status}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -89,8 +96,9 @@ class OutputItems:
     """Parser events -> output items (`output`, closed ones) and the stream events that
     build them (returned by `apply` and `close`, without their sequence numbers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, summary: bool = False) -> None:
         self.output: list[dict[str, Any]] = []
+        self.summary = summary  # reasoning as its summary too
         self._open: _Open | None = None
 
     def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
@@ -107,6 +115,9 @@ class OutputItems:
                     out.append({"type": "response.output_text.delta", **where, "delta": e.text, "logprobs": []})
                 else:
                     out.append({"type": "response.reasoning_text.delta", **where, "delta": e.text})
+                    if self.summary:
+                        summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+                        out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": e.text})
             elif isinstance(e, ToolCallStart):
                 self._close(out, "completed")
                 item = self._open = _Open("function_call", new_id("fc"), len(self.output), call_id=e.id, name=e.name)
@@ -140,14 +151,12 @@ class OutputItems:
             return self._open
         self._close(out, "completed")
         item = self._open = _Open(kind, new_id("msg" if kind == "message" else "rs"), len(self.output))
-        make = message_item if kind == "message" else reasoning_item
-        out.append(
-            {
-                "type": "response.output_item.added",
-                "output_index": item.index,
-                "item": make(item.id, None, "in_progress"),
-            }
+        added = (
+            message_item(item.id, None, "in_progress")
+            if kind == "message"
+            else reasoning_item(item.id, None, "in_progress")
         )
+        out.append({"type": "response.output_item.added", "output_index": item.index, "item": added})
         out.append(
             {
                 "type": "response.content_part.added",
@@ -157,6 +166,10 @@ class OutputItems:
                 "part": _part(kind, ""),
             }
         )
+        if kind == "reasoning" and self.summary:
+            part = {"type": "summary_text", "text": ""}
+            where = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+            out.append({"type": "response.reasoning_summary_part.added", **where, "part": part})
         return item
 
     def _close(self, out: list[dict[str, Any]], status: str) -> None:
@@ -164,26 +177,26 @@ class OutputItems:
         if item is None:
             return
         where = {"item_id": item.id, "output_index": item.index}
+        text = item.text
         if item.kind == "function_call":
-            out.append({"type": "response.function_call_arguments.done", **where, "arguments": item.text})
-            done = call_item(item.id, item.call_id, item.name, item.text, status)
-        else:
-            if item.kind == "message":
-                out.append(
-                    {
-                        "type": "response.output_text.done",
-                        **where,
-                        "content_index": 0,
-                        "text": item.text,
-                        "logprobs": [],
-                    }
-                )
-            else:
-                out.append({"type": "response.reasoning_text.done", **where, "content_index": 0, "text": item.text})
+            out.append({"type": "response.function_call_arguments.done", **where, "arguments": text})
+            done = call_item(item.id, item.call_id, item.name, text, status)
+        elif item.kind == "message":
+            out.append({"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []})
             out.append(
-                {"type": "response.content_part.done", **where, "content_index": 0, "part": _part(item.kind, item.text)}
+                {"type": "response.content_part.done", **where, "content_index": 0, "part": _part("message", text)}
             )
-            done = (message_item if item.kind == "message" else reasoning_item)(item.id, item.text, status)
+            done = message_item(item.id, text, status)
+        else:
+            out.append({"type": "response.reasoning_text.done", **where, "content_index": 0, "text": text})
+            part = _part("reasoning", text)
+            out.append({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
+            if self.summary:
+                summary = {**where, "summary_index": 0}
+                out.append({"type": "response.reasoning_summary_text.done", **summary, "text": text})
+                part = {"type": "summary_text", "text": text}
+                out.append({"type": "response.reasoning_summary_part.done", **summary, "part": part})
+            done = reasoning_item(item.id, text, status, summary=self.summary)
         out.append({"type": "response.output_item.done", "output_index": item.index, "item": done})
         self.output.append(done)
 
@@ -247,6 +260,7 @@ class ResponseEncoder:
     echo: dict[str, Any]  # the request's fields the response repeats
     conversation: list[dict[str, Any]]  # chat messages before this output (stored with it)
     save: Save | None = None  # store:true -- called with the finished response before it is sent
+    summary: bool = False  # reasoning.summary was asked for: the reasoning is its summary too
 
     def body(
         self,
@@ -279,7 +293,7 @@ class ResponseEncoder:
         return body
 
     async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
-        tally, items, parser = _tally(job), OutputItems(), TurnParser(job.turn)
+        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
         async for _, chunk in chunks:
             tally.observe(chunk)
             for c in chunk.choices:
@@ -297,7 +311,7 @@ class ResponseEncoder:
             seq += 1
             return line
 
-        tally, items, parser = _tally(job), OutputItems(), TurnParser(job.turn)
+        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
         opening = self.body(job, status="in_progress", output=[], usage=None)
         yield event({"type": "response.created", "response": opening})
         yield event({"type": "response.in_progress", "response": opening})

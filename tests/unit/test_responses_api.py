@@ -403,3 +403,29 @@ def test_memory_store_ttl_bound_and_copies() -> None:
         assert await store.delete("resp_d") is False
 
     asyncio.run(run())
+
+
+def test_reasoning_as_summary_when_asked() -> None:
+    items = OutputItems(summary=True)
+    events = items.apply([ReasoningDelta("a"), ReasoningDelta("b"), ContentDelta("c")]) + items.close("completed")
+    kinds = [e["type"] for e in events]
+    assert kinds[:9] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+    ]
+    assert kinds[9:12] == [
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
+    for i, e in enumerate(events):
+        EVENT.validate_python({**e, "sequence_number": i})
+    assert items.output[0]["summary"] == [{"type": "summary_text", "text": "ab"}]
+    assert items.output[0]["content"] == [{"type": "reasoning_text", "text": "ab"}]
