@@ -13,10 +13,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import errors
+from gateway import errors, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
-from gateway.http import admin, openai, ops
+from gateway.http import admin, openai, ops, responses_api
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
@@ -166,6 +166,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served: list[ServedModel] = []
         quota = QuotaGate.from_settings(settings.quotas)
+        stored = responses_store.from_settings(settings)
         try:
             await quota.start()
             for model in settings.models:
@@ -184,6 +185,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 admission=admission_control(settings, served),
                 quota=quota,
                 router=Router(settings.routing, served, settings.boxes()) if settings.routing.enabled else None,
+                responses=stored,
             )
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
@@ -191,11 +193,13 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
             for m in served:
                 await m.engine.shutdown()
             await quota.close()
+            await stored.close()
 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(JsonBodyMiddleware)
     app.include_router(openai.router)
+    app.include_router(responses_api.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     return app

@@ -7,6 +7,7 @@
      +-- PermissionDenied               403   invalid_request_error   permission_denied
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
      +-- RouteNotFound                  404   invalid_request_error   not_found
+     +-- ResponseNotFound               404   invalid_request_error   response_not_found
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
      +-- ShareUnavailable               409   invalid_request_error   engine_share_unavailable
      +-- RateLimited                    429   requests | tokens       rate_limit_exceeded
@@ -15,6 +16,7 @@
      +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
      +-- QuotaUnavailable               503   server_error            quota_unavailable
      +-- EngineUnavailableError         503   server_error            engine_unavailable
+     +-- StoreUnavailable               503   server_error            store_unavailable
      +-- InternalError                  500   server_error            internal_error
 
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
@@ -106,6 +108,15 @@ class RouteNotFound(GatewayError):
     default_code = "not_found"
 
 
+class ResponseNotFound(GatewayError):
+    """A stored response (/v1/responses) that does not exist, expired, or is another user's:
+    one answer for all three, so a caller cannot learn that someone else's id exists."""
+
+    status = 404
+    type = "invalid_request_error"
+    default_code = "response_not_found"
+
+
 class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"
@@ -160,6 +171,14 @@ class EngineUnavailableError(GatewayError):
     status = 503
     type = "server_error"
     default_code = "engine_unavailable"
+
+
+class StoreUnavailable(GatewayError):
+    """The stored-responses backend (Redis) cannot be reached."""
+
+    status = 503
+    type = "server_error"
+    default_code = "store_unavailable"
 
 
 class InternalError(GatewayError):

@@ -349,6 +349,18 @@ class RoutingSettings(_Model):
         return self
 
 
+class ResponsesSettings(_Model):
+    """Stored responses (/v1/responses with `store: true`, the default): what GET
+    /v1/responses/{id} returns and `previous_response_id` continues. They live where the
+    quota counters do (`quotas.store`: this process, or Redis shared by every replica)."""
+
+    # How long a stored response can be read or continued. An agent chains its turns within
+    # minutes; an hour bounds what the store holds (OpenAI keeps them 30 days).
+    ttl_s: float = Field(3600.0, gt=0)
+    # The in-process store keeps at most this many (the oldest go first); Redis is bounded by the TTL.
+    max_stored: int = Field(1000, ge=1)
+
+
 class LimitSettings(_Model):
     max_n: int = Field(8, ge=1)
 
@@ -405,6 +417,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     admission: AdmissionSettings = AdmissionSettings()
     quotas: QuotaSettings = QuotaSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     box: BoxSettings | None = None
     routing: RoutingSettings = RoutingSettings()
     placement: PlacementSettings | None = None

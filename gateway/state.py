@@ -9,6 +9,7 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
+from gateway.responses_store import MemoryResponseStore, ResponseStore
 from gateway.router import Router
 from gateway.settings import Settings
 
@@ -33,3 +34,5 @@ class AppState:
     admission: AdmissionControl
     quota: QuotaGate
     router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
+    # Stored responses (/v1/responses); the app's lifespan builds it from the settings.
+    responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))

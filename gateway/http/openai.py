@@ -95,7 +95,9 @@ async def answer(
     except BaseException:
         running.release()  # idempotent: body() has released already where it ran
         raise
-    cached = (body.get("usage") or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}  # chat or Responses
+    cached = details.get("cached_tokens", 0)
     return JSONResponse(body, headers=headers | {"X-Sparkgate-Cached-Tokens": str(cached)})
 
 

@@ -1,0 +1,78 @@
+"""POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}.
+
+A Responses request becomes a chat request (responses_input.py) and goes through the
+same lifecycle as chat completions (`prepare_chat`, then `answer` with this surface's
+encoders, responses_output.py). With `store: true` (the default) the finished response
+is kept, with its conversation, for its owner (gateway/responses_store.py): GET returns
+it, `previous_response_id` continues it, DELETE removes it. Another user's id is "not
+found", like an unknown or expired one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from gateway import lifecycle
+from gateway.auth import Principal
+from gateway.errors import GatewayError, ResponseNotFound
+from gateway.http import responses_input, responses_schemas
+from gateway.http.deps import Caller, State
+from gateway.http.openai import answer, routing_of
+from gateway.http.responses_output import ResponseEncoder, new_id
+from gateway.responses_store import StoredResponse
+from gateway.state import AppState
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1")
+
+
+async def _owned(state: AppState, caller: Principal, response_id: str, param: str | None) -> StoredResponse:
+    record = await state.responses.get(response_id)
+    if record is None or record.user != caller.name:
+        raise ResponseNotFound(f"Response with id '{response_id}' not found.", param=param)
+    return record
+
+
+@router.post("/responses")
+async def create_response(request: Request, state: State, caller: Caller) -> Response:
+    state.counters.requests += 1
+    req = responses_schemas.parse(await request.body())
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        history = (await _owned(state, caller, req.previous_response_id, "previous_response_id")).messages
+    translated = responses_input.translate(req, history)
+    job = await lifecycle.prepare_chat(
+        translated.chat, state.registry, caller, state.settings.limits, routing_of(state, request)
+    )
+    response_id = new_id("resp")
+
+    async def save(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        try:
+            await state.responses.put(response_id, StoredResponse(user=caller.name, response=body, messages=messages))
+        except GatewayError as e:  # the answer stands; only a later GET or continuation misses it
+            log.warning("%s not stored: %s", response_id, e.message)
+
+    encoder = ResponseEncoder(
+        id=response_id,
+        echo=translated.echo,
+        conversation=translated.conversation,
+        save=save if req.store else None,
+        summary=req.reasoning is not None and req.reasoning.summary is not None,
+    )
+    return await answer(job, state, request, complete=encoder.complete, stream=encoder.stream)
+
+
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, state: State, caller: Caller) -> dict[str, Any]:
+    return (await _owned(state, caller, response_id, "response_id")).response
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, state: State, caller: Caller) -> dict[str, Any]:
+    await _owned(state, caller, response_id, "response_id")
+    await state.responses.delete(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}

@@ -1,0 +1,339 @@
+"""A job's engine output as a Responses API answer: one response object, or its
+server-sent events (`event: <type>\\ndata: <json>\\n\\n`, each with a `sequence_number`).
+
+The output text is read with the job's `TurnParser` (gateway/text/assistant.py); its
+events become output items, one open at a time:
+
+    ReasoningDelta   -> a `reasoning` item: its text as `reasoning_text` content, and as
+                        its one `summary_text` when the request asks for a summary
+                        (`reasoning.summary`): a Qwen model writes no summary of its own,
+                        and its reasoning is the closest stand-in (LangChain, for one,
+                        shows reasoning only from summaries)
+    ContentDelta     -> a `message` item (one `output_text` part)
+    ToolCallStart    -> a `function_call` item; ToolCallArgs its arguments; ToolCallEnd closes it
+
+Streamed, per item: `response.output_item.added`, then for text items
+`response.content_part.added`, the deltas (`response.output_text.delta` /
+`response.reasoning_text.delta`), their `.done`, `response.content_part.done` (and with a
+summary, `response.reasoning_summary_part.added`, `.reasoning_summary_text.delta` / `.done`,
+`.reasoning_summary_part.done`); for calls
+`response.function_call_arguments.delta` / `.done`; then `response.output_item.done`. The
+stream opens with `response.created` and `response.in_progress` and ends with
+`response.completed`, or `response.incomplete` when the output hit its token limit. An
+error after the stream started is an `error` event, then `response.failed`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine_adapter.base import EngineChunk
+from gateway.errors import from_exception
+from gateway.http.responses_input import output_messages
+from gateway.lifecycle.job import Job
+from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
+from policies import prefix
+
+log = logging.getLogger(__name__)
+
+Status = Literal["in_progress", "completed", "incomplete", "failed"]
+ItemKind = Literal["message", "reasoning", "function_call"]
+# Stores a finished response object with the conversation that continues it.
+Save = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def sse(event: dict[str, Any]) -> str:
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n"
+
+
+# --- output items ------------------------------------------------------------------------
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str, *, summary: bool = False) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    summaries = [{"type": "summary_text", "text": text}] if summary and text is not None else []
+    return {"id": item_id, "type": "reasoning", "summary": summaries, "content": content, "status": status}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+@dataclass
+class _Open:
+    kind: ItemKind
+    id: str
+    index: int  # output_index
+    text: str = ""  # a message's or reasoning's text, a call's arguments
+    call_id: str = ""
+    name: str = ""
+
+
+class OutputItems:
+    """Parser events -> output items (`output`, closed ones) and the stream events that
+    build them (returned by `apply` and `close`, without their sequence numbers)."""
+
+    def __init__(self, *, summary: bool = False) -> None:
+        self.output: list[dict[str, Any]] = []
+        self.summary = summary  # reasoning as its summary too
+        self._open: _Open | None = None
+
+    def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, ReasoningDelta | ContentDelta):
+                if not e.text:
+                    continue
+                kind: ItemKind = "reasoning" if isinstance(e, ReasoningDelta) else "message"
+                item = self._text_item(kind, out)
+                item.text += e.text
+                where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+                if kind == "message":
+                    out.append({"type": "response.output_text.delta", **where, "delta": e.text, "logprobs": []})
+                else:
+                    out.append({"type": "response.reasoning_text.delta", **where, "delta": e.text})
+                    if self.summary:
+                        summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+                        out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": e.text})
+            elif isinstance(e, ToolCallStart):
+                self._close(out, "completed")
+                item = self._open = _Open("function_call", new_id("fc"), len(self.output), call_id=e.id, name=e.name)
+                added = call_item(item.id, e.id, e.name, "", "in_progress")
+                out.append({"type": "response.output_item.added", "output_index": item.index, "item": added})
+            elif isinstance(e, ToolCallArgs):
+                if self._open is None or self._open.kind != "function_call" or not e.delta:
+                    continue
+                self._open.text += e.delta
+                out.append(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "item_id": self._open.id,
+                        "output_index": self._open.index,
+                        "delta": e.delta,
+                    }
+                )
+            elif self._open is not None and self._open.kind == "function_call":  # ToolCallEnd
+                self._open.text = e.arguments
+                self._close(out, "completed")
+        return out
+
+    def close(self, status: str) -> list[dict[str, Any]]:
+        """Close the open item, if any (`incomplete` when the output was cut short)."""
+        out: list[dict[str, Any]] = []
+        self._close(out, status)
+        return out
+
+    def _text_item(self, kind: ItemKind, out: list[dict[str, Any]]) -> _Open:
+        if self._open is not None and self._open.kind == kind:
+            return self._open
+        self._close(out, "completed")
+        item = self._open = _Open(kind, new_id("msg" if kind == "message" else "rs"), len(self.output))
+        added = (
+            message_item(item.id, None, "in_progress")
+            if kind == "message"
+            else reasoning_item(item.id, None, "in_progress")
+        )
+        out.append({"type": "response.output_item.added", "output_index": item.index, "item": added})
+        out.append(
+            {
+                "type": "response.content_part.added",
+                "item_id": item.id,
+                "output_index": item.index,
+                "content_index": 0,
+                "part": _part(kind, ""),
+            }
+        )
+        if kind == "reasoning" and self.summary:
+            part = {"type": "summary_text", "text": ""}
+            where = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+            out.append({"type": "response.reasoning_summary_part.added", **where, "part": part})
+        return item
+
+    def _close(self, out: list[dict[str, Any]], status: str) -> None:
+        item, self._open = self._open, None
+        if item is None:
+            return
+        where = {"item_id": item.id, "output_index": item.index}
+        text = item.text
+        if item.kind == "function_call":
+            out.append({"type": "response.function_call_arguments.done", **where, "arguments": text})
+            done = call_item(item.id, item.call_id, item.name, text, status)
+        elif item.kind == "message":
+            out.append({"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []})
+            out.append(
+                {"type": "response.content_part.done", **where, "content_index": 0, "part": _part("message", text)}
+            )
+            done = message_item(item.id, text, status)
+        else:
+            out.append({"type": "response.reasoning_text.done", **where, "content_index": 0, "text": text})
+            part = _part("reasoning", text)
+            out.append({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
+            if self.summary:
+                summary = {**where, "summary_index": 0}
+                out.append({"type": "response.reasoning_summary_text.done", **summary, "text": text})
+                part = {"type": "summary_text", "text": text}
+                out.append({"type": "response.reasoning_summary_part.done", **summary, "part": part})
+            done = reasoning_item(item.id, text, status, summary=self.summary)
+        out.append({"type": "response.output_item.done", "output_index": item.index, "item": done})
+        self.output.append(done)
+
+
+def _part(kind: ItemKind, text: str) -> dict[str, Any]:
+    if kind == "message":
+        return {"type": "output_text", "text": text, "annotations": []}
+    return {"type": "reasoning_text", "text": text}
+
+
+# --- the response object -------------------------------------------------------------------
+
+
+@dataclass
+class _Tally:
+    """Usage and how the engine finished."""
+
+    input_tokens: int
+    cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+
+    def observe(self, chunk: EngineChunk) -> None:
+        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
+        for c in chunk.choices:
+            self.output_tokens += len(c.token_ids)
+            if c.finish_reason is not None:
+                self.finish_reason = c.finish_reason
+
+    def usage(self, reasoning_tokens: int) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": max(0, self.cacheable_tokens - self.cached_tokens),
+            },
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+    @property
+    def status(self) -> Status:
+        return "incomplete" if self.finish_reason == "length" else "completed"
+
+
+def _tally(job: Job) -> _Tally:
+    prompt = len(job.prompts[0])
+    served = job.served
+    cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
+    return _Tally(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+
+
+@dataclass
+class ResponseEncoder:
+    """One request's encoders (`complete`, `stream`, the shapes `gateway.http.openai.answer`
+    takes), with what the response object needs beyond the job."""
+
+    id: str
+    echo: dict[str, Any]  # the request's fields the response repeats
+    conversation: list[dict[str, Any]]  # chat messages before this output (stored with it)
+    save: Save | None = None  # store:true -- called with the finished response before it is sent
+    summary: bool = False  # reasoning.summary was asked for: the reasoning is its summary too
+
+    def body(
+        self,
+        job: Job,
+        *,
+        status: Status,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": job.created,
+            "status": status,
+            "background": False,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "model": job.served.name,
+            "output": output,
+            "usage": usage,
+            **({"completed_at": int(time.time())} if status == "completed" else {}),
+            **self.echo,
+        }
+
+    async def _finish(self, job: Job, items: OutputItems, tally: _Tally, parser: TurnParser) -> dict[str, Any]:
+        body = self.body(job, status=tally.status, output=items.output, usage=tally.usage(parser.reasoning_tokens))
+        if self.save is not None:
+            await self.save(body, [*self.conversation, *output_messages(items.output)])
+        return body
+
+    async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
+        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
+        async for _, chunk in chunks:
+            tally.observe(chunk)
+            for c in chunk.choices:
+                items.apply(parser.feed(c.text, c.token_ids))
+        items.apply(parser.finish())
+        items.close(tally.status)
+        return await self._finish(job, items, tally, parser)
+
+    async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
+        seq = 0
+
+        def event(e: dict[str, Any]) -> str:
+            nonlocal seq
+            line = sse({"type": e["type"], "sequence_number": seq, **e})
+            seq += 1
+            return line
+
+        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
+        opening = self.body(job, status="in_progress", output=[], usage=None)
+        yield event({"type": "response.created", "response": opening})
+        yield event({"type": "response.in_progress", "response": opening})
+        try:
+            async for _, chunk in chunks:
+                tally.observe(chunk)
+                for c in chunk.choices:
+                    for e in items.apply(parser.feed(c.text, c.token_ids)):
+                        yield event(e)
+            for e in [*items.apply(parser.finish()), *items.close(tally.status)]:
+                yield event(e)
+            body = await self._finish(job, items, tally, parser)
+            yield event({"type": f"response.{body['status']}", "response": body})
+        except Exception as exc:  # the status line is sent: report in-band
+            err = from_exception(exc)
+            log.warning("response stream %s failed: %s", self.id, err.message)
+            yield event({"type": "error", "code": err.code, "message": err.message, "param": err.param})
+            failed = self.body(
+                job,
+                status="failed",
+                output=items.output,
+                usage=tally.usage(parser.reasoning_tokens),
+                error={"code": "server_error", "message": err.message},
+            )
+            yield event({"type": "response.failed", "response": failed})

@@ -1,0 +1,255 @@
+"""The OpenAI Responses API request (`POST /v1/responses`) as clients send it.
+
+Like schemas.py, unknown fields are accepted and ignored (SDKs send `include`,
+`truncation`, `service_tier`, ...); what the gateway uses is validated strictly.
+The route validates the body itself (`parse`) rather than through FastAPI, so that a
+bad input item is reported at its place (`input.2.call_id`), without the names of the
+union members pydantic tried, and still through the one error mapping (gateway/errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gateway.http.schemas import FunctionName
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class ContentPart(_Request):
+    """A message's content part: `input_text` / `output_text` carry `text`, a `refusal`
+    part its `refusal`; images, files and audio are refused when translated."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class MessageItem(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+
+
+class FunctionCallItem(_Request):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputItem(_Request):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+
+
+class ReasoningPart(_Request):
+    type: str
+    text: str = ""
+
+
+class ReasoningItem(_Request):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningPart] = []
+    content: list[ReasoningPart] | None = None
+
+    @property
+    def text(self) -> str:
+        """The reasoning text (a summary is not the reasoning: only `reasoning_text` parts)."""
+        return "".join(p.text for p in self.content or () if p.type == "reasoning_text")
+
+
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+
+
+def _item_type(v: Any) -> str | None:
+    if isinstance(v, dict):
+        kind = v.get("type", "message")  # a message may leave its type out (EasyInputMessage)
+        return kind if isinstance(kind, str) else None
+    return getattr(v, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(_Request):
+    """The Responses API's function tool: flat, no nested `function` object."""
+
+    type: Literal["function"]
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(_Request):
+    type: Literal["function"]
+    name: str
+
+
+def _tool_choice(v: Any) -> Any:
+    """One clear message for a bad tool_choice (a union would report each member's error)."""
+    if v is None or v in ("none", "auto", "required") or isinstance(v, ToolChoiceFunction):
+        return v
+    if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str):
+        return ToolChoiceFunction.model_validate(v)
+    raise ValueError('must be "none", "auto", "required" or {"type": "function", "name": ...}')
+
+
+class TextFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a format of type json_schema needs its schema")
+        return self
+
+    def echo(self) -> dict[str, Any]:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        out = {"type": "json_schema", "name": self.name, "schema": self.schema_, "strict": self.strict}
+        if self.description is not None:
+            out["description"] = self.description
+        return out
+
+
+class TextConfig(_Request):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(_Request):
+    # "none" turns thinking off; the other efforts leave it on (Qwen models have no levels).
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(_Request):
+    model: str
+    input: Annotated[
+        Annotated[str, Tag("text")] | Annotated[list[InputItem], Tag("items")],
+        Discriminator(lambda v: "text" if isinstance(v, str) else "items"),
+    ]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None  # checked in translation: a non-function type is named
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | ToolChoiceFunction | None, BeforeValidator(_tool_choice)
+    ] = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    user: str | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    background: bool = False
+    conversation: Any = None
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("background responses are not supported")
+        return v
+
+    @field_validator("conversation")
+    @classmethod
+    def _no_conversation(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("conversation objects are not supported: use previous_response_id")
+        return v
+
+    @property
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+
+# --- validation errors, reported at their place -----------------------------------------
+
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _clean_loc(loc: Sequence[int | str]) -> tuple[int | str, ...]:
+    """A pydantic error location without the union members' labels it passed through
+    (`input.items.2.function_call.name` -> `input.2.name`)."""
+    out: list[int | str] = []
+    for i, part in enumerate(loc):
+        if isinstance(part, str):
+            prev = loc[i - 1] if i else None
+            if "[" in part or part in _TYPE_LABELS:  # a union member: `str`, `list[ContentPart]`
+                continue
+            if prev == "input" and part in ("text", "items"):
+                continue
+            if isinstance(prev, int) and i >= 2 and loc[i - 2] == "items" and part in ITEM_TYPES:
+                continue
+        out.append(part)
+    return tuple(out)
+
+
+def _message(err: dict[str, Any]) -> str:
+    if err.get("type") == "union_tag_invalid":
+        tag = (err.get("ctx") or {}).get("tag")
+        return f"input items of type '{tag}' are not supported (use one of: {', '.join(ITEM_TYPES)})"
+    if err.get("type") == "union_tag_not_found":
+        return "an input item must be an object with a 'type'"
+    return str(err.get("msg", "invalid value"))
+
+
+def validation_failed(exc: ValidationError, prefix: Sequence[int | str] = ()) -> RequestValidationError:
+    """A pydantic error as FastAPI's, which the app maps to OpenAI's 400 with `param`.
+    The deepest error comes first: where a union was tried, it is the member that matched
+    best (the one that got furthest), not the first one tried."""
+    errors: list[tuple[tuple[int | str, ...], dict[str, Any]]] = []
+    for err in exc.errors():
+        loc = ("body", *prefix, *_clean_loc(err["loc"]))
+        errors.append((loc, {**err, "loc": loc, "msg": _message(dict(err))}))
+    errors.sort(key=lambda e: -len(e[0]))
+    return RequestValidationError([e for _, e in errors])
+
+
+def parse(raw: bytes) -> ResponsesRequest:
+    """The request body, validated; RequestValidationError (-> 400) when it is not valid."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error"}]) from None
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as e:
+        raise validation_failed(e) from None
