@@ -1,4 +1,4 @@
-"""POST/GET/DELETE /v1/responses through a real server (one tiny vLLM engine), driven by
+"""POST/GET/DELETE /v1/responses through the real test server (tiny vLLM engines), driven by
 the official OpenAI SDK: its models must parse every response object and stream event.
 
 The model has random weights: its text is noise, and it never decides to stop or to call
@@ -8,20 +8,17 @@ does terminate (bounded strings, see tests/api/test_tools.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import yaml
 
-from tests.conftest import API_KEY, MODELS, OTHER_KEY, ROOT, Server, free_port, launch
+from tests.conftest import API_KEY, DENSE, OTHER_KEY, Server
 
 pytestmark = pytest.mark.engine  # starts a vLLM engine
 
-MODEL = "tiny-resp"
+MODEL = DENSE  # the session server's dense engine
 WEATHER: dict[str, Any] = {
     "type": "function",
     "name": "get_weather",
@@ -36,42 +33,6 @@ WEATHER: dict[str, Any] = {
 }
 JSON_OBJECT: Any = {"format": {"type": "json_object"}}
 LONG = "Tell me about the weather in Paris, Rome, Oslo and Madrid this week, city by city, in detail. " * 16
-
-
-def config(tmp: Path, port: int) -> Path:
-    from gateway.settings import hash_key
-
-    cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
-        "auth": {
-            "required": True,
-            "keys": [
-                {"name": "tester", "sha256": hash_key(API_KEY)},
-                {"name": "other", "sha256": hash_key(OTHER_KEY)},
-            ],
-        },
-        "models": [
-            {
-                "name": MODEL,
-                "path": str(MODELS / "tiny-qwen3"),
-                "max_model_len": 4096,
-                "max_num_seqs": 4,
-                "kv_cache_bytes": "64MiB",
-                "cpu_cores": "0",
-            }
-        ],
-    }
-    path = tmp / "sparkgate-responses.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("responses")
-    port = free_port()
-    with launch(config(tmp, port), tmp / "server.log", port) as srv:
-        yield srv
 
 
 def sdk(server: Server, key: str = API_KEY) -> openai.OpenAI:
