@@ -438,6 +438,22 @@ def _verify(hf: Any, m: _Mirror, probes: Sequence[str]) -> None:
                 raise _Unsupported(f"probe {text[:60]!r} differs on the {path} path")
 
 
+# Engines that load the same tokenizer directory share one object (the simulated, replay and
+# remote engines do): verifying it takes seconds on 2 cores, so it is done once per object.
+# The entry holds the object itself, so its id cannot be reused while the entry lives.
+_WRAPPED: dict[int, tuple[Any, FastTokenizer]] = {}
+_MAX_WRAPPED = 8
+
+
 def wrap(hf: Any) -> FastTokenizer:
     """The tokenizer to give the gateway: tiktoken-backed `encode` where verified."""
-    return hf if isinstance(hf, FastTokenizer) else FastTokenizer(hf)
+    if isinstance(hf, FastTokenizer):
+        return hf
+    hit = _WRAPPED.get(id(hf))
+    if hit is not None and hit[0] is hf:
+        return hit[1]
+    fast = FastTokenizer(hf)
+    if len(_WRAPPED) >= _MAX_WRAPPED:
+        _WRAPPED.pop(next(iter(_WRAPPED)))
+    _WRAPPED[id(hf)] = (hf, fast)
+    return fast

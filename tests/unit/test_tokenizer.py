@@ -82,6 +82,7 @@ def test_qwen_tokenizer_runs_on_tiktoken(hf: Any, fast: FastTokenizer, monkeypat
     assert fast.backend == "tiktoken", fast.fallback_reason
     assert fast.fallback_reason is None
     assert wrap(fast) is fast
+    assert wrap(hf) is fast  # verified once per tokenizer object, shared by the engines that load it
 
     def boom(*args: Any, **kwargs: Any) -> list[int]:
         raise AssertionError("the HF encode was called")
