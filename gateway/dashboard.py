@@ -50,6 +50,7 @@ class Rejection:
     reason: str | None  # the admission or quota reason label, when it is one
     message: str
     path: str
+    user: str | None  # None: the caller was not authenticated (yet)
 
 
 class Recent:
@@ -62,11 +63,11 @@ class Recent:
     def add_finished(self, f: Finished) -> None:
         self.finished.append(f)
 
-    def add_rejection(self, err: GatewayError, path: str) -> None:
+    def add_rejection(self, err: GatewayError, path: str, user: str | None = None) -> None:
         """An error answered to an API request; the dashboard's own calls are not recorded."""
         if not path.startswith("/v1/"):
             return
-        self.rejections.append(Rejection(time.time(), err.status, err.code, err.reason, err.message[:300], path))
+        self.rejections.append(Rejection(time.time(), err.status, err.code, err.reason, err.message[:300], path, user))
 
 
 def finished(

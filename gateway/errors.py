@@ -309,7 +309,7 @@ def install(app: FastAPI) -> None:
         # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
         recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
         if recent is not None:
-            recent.add_rejection(err, request.url.path)
+            recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
         return to_response(err)
 
     async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:

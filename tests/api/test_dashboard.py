@@ -171,7 +171,8 @@ def test_the_page_shows_the_live_numbers(sim: Server, tmp_path: Path) -> None:
                     models: [...document.querySelectorAll('#models .model')].map(m => ({...m.dataset})),
                     users: Object.fromEntries([...document.querySelectorAll('#users tr[data-user]')]
                         .map(r => [r.dataset.user, {...r.dataset}])),
-                    codes: [...document.querySelectorAll('#rejections tr[data-code]')].map(r => r.dataset.code),
+                    codes: [...document.querySelectorAll('#rejections tr[data-code]')]
+                        .map(r => r.dataset.code + ' ' + r.children[4].textContent),
                     attained: [...document.querySelectorAll('#attainment tr[data-class]')].map(r => ({...r.dataset})),
                     quota: document.getElementById('quota').dataset.status,
                     polls: Number(document.getElementById('board').dataset.polls),
@@ -204,7 +205,7 @@ def test_the_page_shows_the_live_numbers(sim: Server, tmp_path: Path) -> None:
     assert int(dana["budget"]) == BUDGET and int(dana["tokensToday"]) > 0
     usage = httpx.get(f"{sim.base_url}/sparkgate/admin/usage", params={"user": "dana"}, headers=admin, timeout=30)
     assert usage.json()["day"]["total_tokens"] >= int(dana["tokensToday"])
-    assert "model_not_found" in shown["codes"]
+    assert "model_not_found dana" in shown["codes"]  # who was turned away, and why
     interactive = next(a for a in shown["attained"] if a["class"] == "interactive")
     assert int(interactive["total"]) >= 3
     assert shown["quota"] == "memory"

@@ -50,9 +50,30 @@ def test_the_rings_are_bounded_and_keep_only_api_rejections() -> None:
     assert [f.completion_tokens for f in recent.finished] == [12, 13, 14]
     err = Overloaded("The queue is full.", code="server_overloaded")
     err.reason = "queue_full"
-    recent.add_rejection(err, "/v1/chat/completions")
-    assert recent.rejections[0].reason == "queue_full" and recent.rejections[0].status == 503
+    recent.add_rejection(err, "/v1/chat/completions", "alice")
+    first = recent.rejections[0]
+    assert (first.reason, first.status, first.user) == ("queue_full", 503, "alice")
     recent.add_rejection(RateLimited("slow down"), "/v1/completions")
     recent.add_rejection(RateLimited("x"), "/sparkgate/dashboard/data")  # not an API request
     recent.add_rejection(RateLimited("y"), "/v1/responses")
     assert [(r.status, r.path) for r in recent.rejections] == [(429, "/v1/completions"), (429, "/v1/responses")]
+
+
+async def test_the_quota_store_shows_redis_down_without_its_password() -> None:
+    from types import SimpleNamespace
+
+    from gateway.quota import QuotaGate
+    from gateway.settings import QuotaSettings
+    from tests.conftest import free_port
+
+    settings = QuotaSettings(store="redis", redis_url=f"redis://:secret@127.0.0.1:{free_port()}/0")
+    gate = QuotaGate.from_settings(settings)
+    await gate.start()  # nothing listens there: down
+    try:
+        shown = dashboard._quota(SimpleNamespace(quota=gate))  # type: ignore[arg-type]
+    finally:
+        await gate.close()
+    assert shown["status"] == "down" and shown["store"] == "redis" and shown["outages"] == 1
+    assert "secret" not in shown["redis_url"] and shown["redis_url"].startswith("redis://***@127.0.0.1:")
+    memory = QuotaGate.from_settings(QuotaSettings())
+    assert dashboard._quota(SimpleNamespace(quota=memory))["status"] == "memory"  # type: ignore[arg-type]
