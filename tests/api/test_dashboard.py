@@ -128,6 +128,16 @@ def test_the_page_shows_the_live_numbers(sim: Server, tmp_path: Path) -> None:
         timeout=30,
     )
     assert missing.status_code == 404
+    # And a quota refusal: a key allowed one request a minute, used twice.
+    made = httpx.post(
+        f"{sim.base_url}/sparkgate/admin/keys", headers=admin, json={"user": "erin", "limits": {"rpm": 1}}, timeout=30
+    )
+    erin = {"Authorization": f"Bearer {made.json()['key']}"}
+    tiny = {"model": "fast", "messages": CHAT, "max_tokens": 4}
+    statuses = [
+        httpx.post(f"{sim.api}/chat/completions", headers=erin, json=tiny, timeout=60).status_code for _ in "ab"
+    ]
+    assert statuses == [200, 429]
 
     stop, errors = threading.Event(), []  # type: ignore[var-annotated]
     threads = [
@@ -172,7 +182,7 @@ def test_the_page_shows_the_live_numbers(sim: Server, tmp_path: Path) -> None:
                     users: Object.fromEntries([...document.querySelectorAll('#users tr[data-user]')]
                         .map(r => [r.dataset.user, {...r.dataset}])),
                     codes: [...document.querySelectorAll('#rejections tr[data-code]')]
-                        .map(r => r.dataset.code + ' ' + r.children[4].textContent),
+                        .map(r => [3, 4].map(i => r.children[i].textContent).join(' ') + ' ' + r.dataset.code),
                     attained: [...document.querySelectorAll('#attainment tr[data-class]')].map(r => ({...r.dataset})),
                     quota: document.getElementById('quota').dataset.status,
                     polls: Number(document.getElementById('board').dataset.polls),
@@ -205,7 +215,8 @@ def test_the_page_shows_the_live_numbers(sim: Server, tmp_path: Path) -> None:
     assert int(dana["budget"]) == BUDGET and int(dana["tokensToday"]) > 0
     usage = httpx.get(f"{sim.base_url}/sparkgate/admin/usage", params={"user": "dana"}, headers=admin, timeout=30)
     assert usage.json()["day"]["total_tokens"] >= int(dana["tokensToday"])
-    assert "model_not_found dana" in shown["codes"]  # who was turned away, and why
+    # Who was turned away, and why.
+    assert " dana model_not_found" in shown["codes"] and "quota_rpm erin rate_limit_exceeded" in shown["codes"]
     interactive = next(a for a in shown["attained"] if a["class"] == "interactive")
     assert int(interactive["total"]) >= 3
     assert shown["quota"] == "memory"
