@@ -16,7 +16,7 @@ from engine_adapter.paced import paced
 from gateway import errors, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
-from gateway.http import admin, openai, ops, responses_api
+from gateway.http import admin, dashboard, openai, ops, responses_api
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
@@ -202,4 +202,5 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     app.include_router(responses_api.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(dashboard.router)
     return app

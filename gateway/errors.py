@@ -305,13 +305,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into OpenAI error JSON."""
 
-    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
-        return to_response(from_exception(exc))
+    def noted(request: Request, err: GatewayError) -> JSONResponse:
+        # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
+        recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
+        if recent is not None:
+            recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
+        return to_response(err)
 
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
+        return noted(request, from_exception(exc))
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param, code = _validation_message(exc)
-        return to_response(InvalidRequest(message, param=param, code=code))
+        return noted(request, InvalidRequest(message, param=param, code=code))
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

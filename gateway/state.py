@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.dashboard import Recent
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
@@ -36,3 +37,5 @@ class AppState:
     router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
     # Stored responses (/v1/responses); the app's lifespan builds it from the settings.
     responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))
+    # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).
+    recent: Recent = field(default_factory=Recent)

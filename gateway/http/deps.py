@@ -16,7 +16,9 @@ def get_state(request: Request) -> AppState:
 
 
 async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    return await get_state(request).keys.authenticate(authorization)
+    principal = await get_state(request).keys.authenticate(authorization)
+    request.state.user = principal.name  # for the dashboard's rejections (gateway/errors.py)
+    return principal
 
 
 async def get_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:

@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from engine_adapter.base import EngineChunk
+from gateway import dashboard
 from gateway.admission import Ticket
 from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
@@ -49,6 +50,7 @@ class ClientLeft(Exception):
 
 async def start(job: Job, state: AppState, *, priority_header: str | None, client_gone: ClientGone) -> Running:
     """Take the job's holds in order; on any failure give back what was taken and raise."""
+    arrived = job.served.engine.clock()
     wanted = demand(
         job,
         priority=priority_of(job.principal, priority_header),
@@ -69,7 +71,9 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         raise
     if flight is not None:
         flight.admitted()
-    return Running(job, state, ticket, hold, flight, client_gone)
+    running = Running(job, state, ticket, hold, flight, client_gone)
+    running.arrived = arrived
+    return running
 
 
 def _fly(router: Router | None, job: Job) -> Flight | None:
@@ -131,6 +135,9 @@ class Running:
         self.client_gone = client_gone
         self.returned = False  # the client got the whole answer (and its usage)
         self._released = False
+        # Engine-clock times for the dashboard's recent requests (gateway/dashboard.py).
+        self.arrived = job.served.engine.clock()
+        self.first_at: float | None = None
         log.info(
             "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
             job.id,
@@ -152,11 +159,31 @@ class Running:
             self.flight.finish()
         m = self.job.meter
         self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+        job = self.job
+        self.state.recent.add_finished(
+            dashboard.finished(
+                model=job.served.name,
+                user=job.principal.name,
+                slo=None if job.route is None else job.route.slo,
+                arrived=self.arrived,
+                first=self.first_at,
+                end=job.served.engine.clock(),
+                completion_tokens=m.completion_tokens,
+                choices=job.n * len(job.requests),
+                returned=self.returned,
+            )
+        )
 
     def _chunks(self) -> AsyncGenerator[tuple[int, EngineChunk], None]:
-        bs = self.job.served.engine.kv_spec.block_size
+        engine = self.job.served.engine
+        bs = engine.kv_spec.block_size
         ticket = self.ticket
-        return generate.run(self.job, on_prefill=lambda cached: ticket.prefilled(cached // bs), flight=self.flight)
+
+        def prefilled(cached: int) -> None:
+            self.first_at = engine.clock()
+            ticket.prefilled(cached // bs)
+
+        return generate.run(self.job, on_prefill=prefilled, flight=self.flight)
 
     @contextlib.asynccontextmanager
     async def _watched(self) -> AsyncIterator[asyncio.Future[None]]:
