@@ -190,6 +190,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
+            if (started := getattr(app.state, "sparkgate", None)) is not None:
+                started.draining = True  # /ready: 503 while the engines shut down
             for m in served:
                 await m.engine.shutdown()
             await quota.close()
