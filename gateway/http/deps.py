@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from gateway import request_log
 from gateway.auth import Principal
 from gateway.state import AppState
 
@@ -16,7 +17,9 @@ def get_state(request: Request) -> AppState:
 
 
 async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    return await get_state(request).keys.authenticate(authorization)
+    principal = await get_state(request).keys.authenticate(authorization)
+    request_log.note_caller(request, principal)
+    return principal
 
 
 async def get_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
