@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sparkgate.request")
 
 HEADER = "x-request-id"
-QUIET_PATHS = frozenset({"/health", "/ready"})  # probes, every few seconds: not logged
+QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes, every few seconds
 _USABLE_ID = re.compile(r"[\x20-\x7e]{1,128}")
 
 
