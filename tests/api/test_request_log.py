@@ -11,6 +11,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ WRONG_KEY = f"sk-logtest-{RUN}-wrong"  # no such key: 401
 MARKER = f"zebra-marker-{RUN}"  # in every prompt: must never reach the log
 MODEL = "replay"
 SLOW = "replay-slow"  # tokens come slowly: a client can leave mid-stream
+ONE = "replay-one"  # one running request; the gateway queues one (admission.max_queued: 1)
 FIELDS = {
     "request_id",
     "method",
@@ -80,7 +82,16 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "models": [
             {"name": MODEL, "engine": "replay", "path": path, "max_model_len": 4096},
             {"name": SLOW, "engine": "replay", "path": path, "max_model_len": 4096, "replay": {"token_delay_s": 0.05}},
+            {
+                "name": ONE,
+                "engine": "replay",
+                "path": path,
+                "max_model_len": 4096,
+                "max_num_seqs": 1,
+                "replay": {"token_delay_s": 0.05},
+            },
         ],
+        "admission": {"max_queued": 1},
     }
     config = tmp / "sparkgate-log.yaml"
     config.write_text(yaml.safe_dump(cfg))
@@ -134,7 +145,7 @@ def test_health_is_liveness_and_ready_tells_the_engines(gateway: Server) -> None
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     r = httpx.get(f"{gateway.base_url}/ready")
     assert r.status_code == 200, r.text
-    assert r.json() == {"status": "ok", "models": {MODEL: "ok", SLOW: "ok"}}
+    assert r.json() == {"status": "ok", "models": {MODEL: "ok", SLOW: "ok", ONE: "ok"}}
     # Probes are not request-logged (they come every few seconds).
     assert not any('"path": "/ready"' in line or '"path": "/health"' in line for line in lines(gateway))
 
@@ -244,26 +255,61 @@ def test_a_quota_429_is_logged_as_a_rejection(gateway: Server) -> None:
     assert rec["served_model"] == MODEL and rec["output_tokens"] == 0
 
 
+def open_stream(server: Server, model: str, request_id: str) -> socket.socket:
+    """A long stream over a raw socket, read until it runs: the test decides when it hangs up."""
+    body = json.dumps(
+        {"model": model, "messages": messages(f"Go on. {tag('long')}"), "max_tokens": 2000, "stream": True}
+    ).encode()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nX-Request-Id: {request_id}\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    got = b""
+    while got.count(b"data:") < 3:  # the stream runs
+        got += sock.recv(4096)
+    assert f"x-request-id: {request_id}".encode() in got.lower()
+    return sock
+
+
 def test_a_client_that_leaves_mid_stream_is_logged(gateway: Server) -> None:
     given = rid()
-    body = json.dumps(
-        {"model": SLOW, "messages": messages(f"Go on. {tag('long')}"), "max_tokens": 2000, "stream": True}
-    ).encode()
-    host, port = gateway.base_url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {KEY}\r\nX-Request-Id: {given}\r\n".encode()
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        got = b""
-        while got.count(b"data:") < 3:  # the stream runs
-            got += sock.recv(4096)
-        assert f"x-request-id: {given}".encode() in got.lower()
+    with open_stream(gateway, SLOW, given):
+        pass  # and hang up
     rec = request_line(gateway, given)
     assert rec["status"] == 200 and rec["outcome"] == "client_left" and rec["finish_reason"] is None
     assert 0 < rec["output_tokens"] < 2000
+
+
+def queued_so_far(server: Server) -> int:
+    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"})
+    return int(r.json()["admission"]["queued"])
+
+
+def test_a_queued_request_and_an_admission_503_are_logged(gateway: Server) -> None:
+    running, waiting, refused = rid(), rid(), rid()
+    body = {"model": ONE, "messages": messages(), "max_tokens": 4}
+    with ThreadPoolExecutor(1) as pool, open_stream(gateway, ONE, running):  # holds the model's one slot
+        before = queued_so_far(gateway)
+        queued = pool.submit(post, gateway, "/v1/chat/completions", body, request_id=waiting)
+        deadline = time.monotonic() + 10
+        while queued_so_far(gateway) == before:  # the queue's one place is taken
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.05)
+        r = post(gateway, "/v1/chat/completions", body, request_id=refused)
+        assert r.status_code == 503, r.text
+        time.sleep(0.2)
+    assert queued.result().status_code == 200  # admitted once the stream's client left
+    rec = request_line(gateway, refused)
+    assert rec["status"] == 503 and rec["error_code"] == "server_overloaded"
+    assert rec["admission"] == "rejected:queue_full" and rec["served_model"] == ONE
+    rec = request_line(gateway, waiting)
+    assert rec["status"] == 200 and rec["admission"] == "queued" and rec["queue_wait_ms"] >= 150
+    assert rec["ttft_ms"] > rec["queue_wait_ms"]
+    assert request_line(gateway, running)["outcome"] == "client_left"
 
 
 def test_no_key_or_prompt_text_in_any_log_line(gateway: Server) -> None:
