@@ -48,7 +48,9 @@ def configure(level: str, fmt: str, cache_dir: Path) -> dict[str, Any] | None:
         import uvicorn.config
 
         return dict(uvicorn.config.LOGGING_CONFIG)
+    logging.captureWarnings(True)  # Python warnings as log records, so JSON too
     # vLLM configures its own handler (in its engine processes too): give it this formatter.
+    # What libraries print themselves stays as it is: C++ warnings, progress bars, print().
     if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
         cache_dir.mkdir(parents=True, exist_ok=True)
         path = cache_dir / "vllm-logging.json"
