@@ -15,6 +15,7 @@ most 128 characters), else the job's id, else a generated one; the response carr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -189,6 +190,10 @@ class RequestLogMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:  # the server gave up on it: its client went away
+            if rl.status is None:
+                rl.status = 499
+            raise
         except BaseException:
             if rl.status is None:
                 rl.status, rl.error_code = 500, rl.error_code or "internal_error"
