@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
             gateway = f"http://127.0.0.1:{port}"
             cmd = [args.project_python, "-m", "gateway.cli", "serve", "--config", args.config, "--port", str(port)]
             proc = stack.enter_context(started(cmd, gateway_env(), WORK / "gateway.log", ROOT))
-            result["setup"]["gateway_start_s"] = round(wait_ready(f"{gateway}/health", proc, 300, "the gateway"), 1)
+            result["setup"]["gateway_start_s"] = round(wait_ready(f"{gateway}/ready", proc, 300, "the gateway"), 1)
         result["setup"]["gateway_url"] = gateway
         webui = args.webui_url
         if webui is None:

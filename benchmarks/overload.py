@@ -265,7 +265,7 @@ def launch(config: Path, log_path: Path, port: int) -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gateway did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import errors, responses_store
+from gateway import errors, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.http import admin, dashboard, openai, ops, responses_api
@@ -190,6 +190,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
+            if (started := getattr(app.state, "sparkgate", None)) is not None:
+                started.draining = True  # /ready: 503 while the engines shut down
             for m in served:
                 await m.engine.shutdown()
             await quota.close()
@@ -198,6 +200,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(request_log.RequestLogMiddleware)  # outermost: it times the whole request
     app.include_router(openai.router)
     app.include_router(responses_api.router)
     app.include_router(ops.router)

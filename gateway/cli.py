@@ -69,8 +69,11 @@ def _run(
     from gateway import runtime_env
 
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
-    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runtime_env.configure(Path(settings.base_dir) / server.cache_dir)
+    from gateway import logs
+
+    cache = Path(settings.base_dir) / server.cache_dir
+    log_config = logs.configure(server.log_level, server.log_format, cache)
+    runtime_env.configure(cache)
     sock = _bind(server.host, server.port)
     config = uvicorn.Config(
         app_factory(settings),
@@ -80,6 +83,7 @@ def _run(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
+        log_config=log_config,
     )
     server_ = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop

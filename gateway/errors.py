@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
+from gateway import request_log
 from policies.demand import Reject, RejectReason
 from policies.quotas import Deny, DenyReason
 
@@ -305,7 +306,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into OpenAI error JSON."""
 
-    def noted(request: Request, err: GatewayError) -> JSONResponse:
+    def answer(request: Request, err: GatewayError) -> JSONResponse:
+        request_log.note_error(request, err)  # the request's log line says why
         # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
         recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
         if recent is not None:
@@ -313,22 +315,22 @@ def install(app: FastAPI) -> None:
         return to_response(err)
 
     async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
-        return noted(request, from_exception(exc))
+        return answer(request, from_exception(exc))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param, code = _validation_message(exc)
-        return noted(request, InvalidRequest(message, param=param, code=code))
+        return answer(request, InvalidRequest(message, param=param, code=code))
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
-            return to_response(RouteNotFound("Unknown request URL. Please check the URL and method."))
+            return answer(request, RouteNotFound("Unknown request URL. Please check the URL and method."))
         if exc.status_code == 405:
-            return to_response(MethodNotAllowed("Method not allowed for this URL."))
+            return answer(request, MethodNotAllowed("Method not allowed for this URL."))
         err = InvalidRequest(str(exc.detail), code=None)
         err.status = exc.status_code  # type: ignore[misc]
-        return to_response(err)
+        return answer(request, err)
 
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(EngineError, on_gateway_error)

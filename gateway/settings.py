@@ -49,6 +49,8 @@ class ServerSettings(_Model):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # text: for a console; json: one JSON object a line, every logger's (README "Logs").
+    log_format: Literal["text", "json"] = "text"
     # Idle keep-alive, longer than clients' pool expiry (httpx, so the openai SDK: 5 s):
     # otherwise a client may reuse a connection just as the server closes it.
     keep_alive_s: float = Field(75.0, gt=0)

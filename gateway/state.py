@@ -35,6 +35,7 @@ class AppState:
     admission: AdmissionControl
     quota: QuotaGate
     router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
+    draining: bool = False  # shutting down: /ready says 503 so load balancers stop sending
     # Stored responses (/v1/responses); the app's lifespan builds it from the settings.
     responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))
     # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).

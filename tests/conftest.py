@@ -161,7 +161,7 @@ def launch(
     log_path: Path,
     port: int,
     command: str = "serve",
-    health: str = "/health",
+    health: str = "/ready",
     env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Run `sparkgate serve` (or another serving command) on a config until the block

@@ -567,7 +567,7 @@ def run_client(out: Path) -> int:
         if proc.poll() is not None:
             break
         try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{base}/ready", timeout=2) as r:
                 if r.status == 200:
                     healthy = True
                     break

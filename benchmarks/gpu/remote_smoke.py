@@ -235,7 +235,7 @@ def main() -> int:
     gw = None
     try:
         t1 = time.monotonic()
-        gw = launch("gateway", gateway_settings(model_dir, cache, gw_port, host_port), work, "/health")
+        gw = launch("gateway", gateway_settings(model_dir, cache, gw_port, host_port), work, "/ready")
         result["gateway_ready_s"] = round(time.monotonic() - t1, 1)
         result["checks"] = checks(host_url, gw_url)
         stop(host)  # the host goes away: the gateway answers 503, not a hang or a 500

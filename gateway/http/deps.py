@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from gateway import request_log
 from gateway.auth import Principal
 from gateway.state import AppState
 
@@ -18,6 +19,7 @@ def get_state(request: Request) -> AppState:
 async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     principal = await get_state(request).keys.authenticate(authorization)
     request.state.user = principal.name  # for the dashboard's rejections (gateway/errors.py)
+    request_log.note_caller(request, principal)
     return principal
 
 

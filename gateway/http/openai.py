@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway import lifecycle
+from gateway import lifecycle, request_log
 from gateway.admission import Ticket
 from gateway.http import output
 from gateway.http.deps import Caller, State
@@ -45,7 +45,7 @@ class _ReleasingStream(StreamingResponse):
 
 def _headers(job: lifecycle.Job, ticket: Ticket) -> dict[str, str]:
     headers = {
-        "X-Request-Id": job.id,
+        "X-Request-Id": job.id,  # the client's x-request-id instead, when given (request_log.py)
         "X-Sparkgate-Model": job.served.name,
         "X-Sparkgate-Queue-Wait-Ms": str(round(ticket.waited_s * 1000)),
         "X-Sparkgate-Admission-Seq": str(ticket.seq),
@@ -76,6 +76,7 @@ async def answer(
 ) -> Response:
     """Run the job and answer with the surface's encoders: a JSON body, a stream, or 499
     for a client that left."""
+    request_log.note_job(request, job)
     try:
         running = await lifecycle.start(
             job,
@@ -85,6 +86,7 @@ async def answer(
         )
     except lifecycle.ClientLeft:
         return Response(status_code=499)
+    request_log.note_job(request, job, running)
     try:
         headers = _headers(job, running.ticket)
         if job.stream:
@@ -110,6 +112,7 @@ def routing_of(state: AppState, request: Request) -> lifecycle.Routing:
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
+    request_log.note_model(request, body.model)
     job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, routing_of(state, request))
     return await answer(job, state, request)
 
@@ -117,6 +120,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
+    request_log.note_model(request, body.model)
     job = await lifecycle.prepare_completion(
         body, state.registry, caller, state.settings.limits, routing_of(state, request)
     )

@@ -1,26 +1,58 @@
-"""GET /health (no auth: for load balancers) and GET /sparkgate/stats (auth)."""
+"""GET /health and GET /ready (no auth: for probes and load balancers), GET /sparkgate/stats (auth).
+
+/health: the process serves (liveness): 200 `{"status": "ok"}`, nothing more.
+/ready: it can take traffic (readiness): every engine up, the quota store reachable (Redis
+with `on_outage: closed`; `open` serves on local limits meanwhile, so it stays ready and
+says so), not draining. 503 with the reasons otherwise.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.http.deps import Caller, State
+from gateway.state import AppState
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(state: State) -> JSONResponse:
-    models = {m.name: ("ok" if m.engine.is_healthy else "unavailable") for m in state.registry}
-    healthy = all(v == "ok" for v in models.values())
-    return JSONResponse(
-        {"status": "ok" if healthy else "degraded", "models": models},
-        status_code=200 if healthy else 503,
-    )
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
+    """Why the gateway is not ready (empty: it is), and what is degraded but served."""
+    if state is None:
+        return ["starting"], []
+    reasons = [f"engine {m.name}: unavailable" for m in state.registry if not m.engine.is_healthy]
+    warnings = []
+    if state.quota.is_down:
+        if state.quota.settings.on_outage == "closed":
+            reasons.append("quota store: redis unreachable")
+        else:
+            warnings.append("quota store: redis unreachable (serving on local limits)")
+    if state.draining:
+        reasons.append("draining")
+    return reasons, warnings
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    state: AppState | None = getattr(request.app.state, "sparkgate", None)
+    reasons, warnings = readiness(state)
+    body: dict[str, Any] = {"status": "ok" if not reasons else "not_ready"}
+    if reasons:
+        body["reasons"] = reasons
+    if warnings:
+        body["warnings"] = warnings
+    if state is not None:
+        body["models"] = {m.name: ("ok" if m.engine.is_healthy else "unavailable") for m in state.registry}
+    return JSONResponse(body, status_code=503 if reasons else 200)
 
 
 @router.get("/sparkgate/stats")

@@ -100,7 +100,7 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
     if job.kind == "chat":
         for idx, parser in parsers.items():
             turns[idx].apply(parser.finish())
-        acct.usage.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
+        acct.usage.reasoning_tokens = job.meter.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
         return bodies.chat_completion(
             id=job.id,
             created=job.created,
@@ -221,11 +221,12 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                     )
             if out:
                 yield frame(out)
+        acct.usage.reasoning_tokens = job.meter.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
         if job.include_usage:
-            acct.usage.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
             yield frame([], acct.usage)
     except Exception as exc:  # the status line is sent: report in-band
         err = from_exception(exc)
+        job.meter.error_code = err.code
         log.warning("stream %s failed: %s", job.id, err.message)
         yield sse(err.body())
     yield sse("[DONE]")

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from gateway import lifecycle
+from gateway import lifecycle, request_log
 from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
 from gateway.http import responses_input, responses_schemas
@@ -41,6 +41,7 @@ async def _owned(state: AppState, caller: Principal, response_id: str, param: st
 async def create_response(request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     req = responses_schemas.parse(await request.body())
+    request_log.note_model(request, req.model)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = (await _owned(state, caller, req.previous_response_id, "previous_response_id")).messages

@@ -287,6 +287,7 @@ class ResponseEncoder:
         }
 
     async def _finish(self, job: Job, items: OutputItems, tally: _Tally, parser: TurnParser) -> dict[str, Any]:
+        job.meter.reasoning_tokens = parser.reasoning_tokens
         body = self.body(job, status=tally.status, output=items.output, usage=tally.usage(parser.reasoning_tokens))
         if self.save is not None:
             await self.save(body, [*self.conversation, *output_messages(items.output)])
@@ -327,6 +328,7 @@ class ResponseEncoder:
             yield event({"type": f"response.{body['status']}", "response": body})
         except Exception as exc:  # the status line is sent: report in-band
             err = from_exception(exc)
+            job.meter.error_code = err.code
             log.warning("response stream %s failed: %s", self.id, err.message)
             yield event({"type": "error", "code": err.code, "message": err.message, "param": err.param})
             failed = self.body(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from engine_adapter.base import EngineChunk, EngineRequest
@@ -26,9 +27,13 @@ async def _checked(
     async for chunk in stream:
         if first:
             meter.prompt_tokens += prompt_tokens
+            meter.cached_tokens += chunk.num_cached_tokens
             first = False
         new = sum(len(c.token_ids) for c in chunk.choices)
         meter.completion_tokens += new
+        if new and meter.first_output_at is None:
+            meter.first_output_at = time.monotonic()
+        meter.finish_reasons += [c.finish_reason for c in chunk.choices if c.finish_reason is not None]
         if flight is not None:
             flight.tokens(new, chunk.num_cached_tokens)
         for c in chunk.choices:

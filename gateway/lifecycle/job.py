@@ -19,6 +19,12 @@ class Meter:
 
     prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
     completion_tokens: int = 0
+    # For the request log (gateway/request_log.py): what the engine reported on the way.
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    reasoning_tokens: int = 0  # of the completion tokens, those inside think blocks (set by the encoder)
+    first_output_at: float | None = None  # time.monotonic() of the first output token
+    finish_reasons: list[str] = field(default_factory=list)  # one per finished choice
+    error_code: str | None = None  # a failure reported in-band, after a stream's status line
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,9 @@ def test_dead_engine_gives_503(server: Server, client: openai.OpenAI) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while httpx.get(f"{server.base_url}/health").status_code != 503:
+    while httpx.get(f"{server.base_url}/ready").status_code != 503:
         if time.monotonic() > deadline:
-            pytest.fail("health never reported the dead engines")
+            pytest.fail("/ready never reported the dead engines")
         time.sleep(0.5)
     for model in (DENSE, MOE):
         with pytest.raises(openai.InternalServerError) as e:

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, OTHER_KEY, OTHER_MAX_CONTEXT, Server
+from tests.conftest import API_KEY, DENSE, DENSE_MAX_LEN, MESSAGES_SHORT, MOE, OTHER_KEY, OTHER_MAX_CONTEXT, Server
 
 pytestmark = pytest.mark.engine  # starts vLLM engines
 
@@ -130,7 +130,9 @@ def test_raw_http_errors(server: Server) -> None:
 
 def test_health_needs_no_key(server: Server) -> None:
     r = httpx.get(f"{server.base_url}/health")
-    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.status_code == 200 and r.json() == {"status": "ok"}  # liveness: nothing more
+    r = httpx.get(f"{server.base_url}/ready")
+    assert r.status_code == 200 and r.json()["models"] == {DENSE: "ok", MOE: "ok"}
 
 
 def test_key_context_limit_is_400_context_length_exceeded(server: Server) -> None:

@@ -19,6 +19,7 @@ from gateway.errors import InvalidRequest, _validation_message
 from gateway.http.responses_input import output_messages, to_messages, translate
 from gateway.http.responses_output import OutputItems, ResponseEncoder
 from gateway.http.responses_schemas import ResponsesRequest, parse
+from gateway.lifecycle.job import Meter
 from gateway.responses_store import MemoryResponseStore, StoredResponse
 from gateway.text.assistant import (
     ContentDelta,
@@ -287,7 +288,9 @@ def fake_job(turn: TurnSpec | None = None) -> Any:
         engine=SimpleNamespace(kv_spec=SimpleNamespace(block_size=16)),
         settings=SimpleNamespace(enable_prefix_caching=True),
     )
-    return SimpleNamespace(prompts=([0] * 40,), turn=turn or TurnSpec(), created=1700000000, served=served)
+    return SimpleNamespace(
+        prompts=([0] * 40,), turn=turn or TurnSpec(), created=1700000000, served=served, meter=Meter()
+    )
 
 
 async def chunks_of(pieces: list[str], finish: str, fail: bool = False) -> AsyncIterator[tuple[int, EngineChunk]]:
