@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
@@ -36,3 +37,4 @@ class AppState:
     router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
     # Stored responses (/v1/responses); the app's lifespan builds it from the settings.
     responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))
+    metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)

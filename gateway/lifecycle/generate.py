@@ -17,6 +17,7 @@ async def _checked(
     prompt_tokens: int,
     on_prefill: Callable[[int], None] | None = None,
     flight: Flight | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[EngineChunk]:
     """Engine chunks; an engine-side abort becomes a 503. The meter counts the prompt
     at the first chunk and every output token; `on_prefill` gets the first chunk's
@@ -29,6 +30,10 @@ async def _checked(
             first = False
         new = sum(len(c.token_ids) for c in chunk.choices)
         meter.completion_tokens += new
+        if clock is not None and new:
+            meter.last_token = clock()
+            if meter.first_token is None:
+                meter.first_token = meter.last_token
         if flight is not None:
             flight.tokens(new, chunk.num_cached_tokens)
         for c in chunk.choices:
@@ -54,7 +59,9 @@ async def run(
     """
     engine = job.served.engine
     if len(job.requests) == 1:
-        stream = _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), on_prefill, flight)
+        stream = _checked(
+            engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), on_prefill, flight, engine.clock
+        )
         async for chunk in stream:
             yield 0, chunk
         return
@@ -65,7 +72,12 @@ async def run(
             stream = engine.generate(request)
             first = i == 0
             checked = _checked(
-                stream, job.meter, len(job.prompts[i]), on_prefill if first else None, flight if first else None
+                stream,
+                job.meter,
+                len(job.prompts[i]),
+                on_prefill if first else None,
+                flight if first else None,
+                engine.clock,
             )
             async for chunk in checked:
                 await queue.put((i, chunk))

@@ -19,6 +19,10 @@ class Meter:
 
     prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
     completion_tokens: int = 0
+    # On the engine's clock (for /metrics): when the run started, the first and last output.
+    started: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,20 @@ from typing import Any
 
 from engine_adapter.base import EngineChunk
 from gateway.admission import Ticket
+from gateway.errors import GatewayError
 from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, priority_of
+from gateway.metrics import (
+    CANCELLED,
+    CLIENT_LEFT,
+    COMPLETED,
+    FAILED,
+    LEFT_QUEUED,
+    QUOTA_UNAVAILABLE,
+    REJECTED_ADMISSION,
+    REJECTED_QUOTA,
+)
 from gateway.quota import Hold
 from gateway.router import Router
 from gateway.state import AppState
@@ -54,7 +65,15 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         priority=priority_of(job.principal, priority_header),
         user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
     )
-    hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+    metrics = state.metrics
+    job.meter.started = job.served.engine.clock()
+    try:
+        hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+    except BaseException as e:
+        if metrics is not None:
+            status = getattr(e, "status", 0)
+            metrics.not_started(job, REJECTED_QUOTA if status == 429 else QUOTA_UNAVAILABLE)
+        raise
     flight = _fly(state.router, job)
     try:
         if flight is not None:
@@ -66,6 +85,9 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
             flight.finish()  # it never reached its engine
         if isinstance(e, ClientLeft):
             log.info("%s: client left while queued", job.id)
+        if metrics is not None:
+            outcome = LEFT_QUEUED if isinstance(e, ClientLeft) else CANCELLED
+            metrics.not_started(job, REJECTED_ADMISSION if isinstance(e, GatewayError) else outcome)
         raise
     if flight is not None:
         flight.admitted()
@@ -130,7 +152,10 @@ class Running:
         self.flight = flight
         self.client_gone = client_gone
         self.returned = False  # the client got the whole answer (and its usage)
+        self.failed = False  # an error ended the answer (else, unreturned: the client left)
         self._released = False
+        if state.metrics is not None:
+            state.metrics.admitted(job, ticket.waited_s)
         log.info(
             "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
             job.id,
@@ -152,6 +177,12 @@ class Running:
             self.flight.finish()
         m = self.job.meter
         self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+        metrics = self.state.metrics
+        if metrics is not None:
+            outcome = COMPLETED if self.returned else FAILED if self.failed else CLIENT_LEFT
+            route = self.job.route
+            slo = None if route is None or self.state.router is None else self.state.router.settings.classes[route.slo]
+            metrics.finished(self.job, outcome, slo)
 
     def _chunks(self) -> AsyncGenerator[tuple[int, EngineChunk], None]:
         bs = self.job.served.engine.kv_spec.block_size
@@ -195,6 +226,9 @@ class Running:
                     yield line
             self.state.counters.completed += 1
             self.returned = True
+        except Exception:
+            self.failed = True
+            raise
         finally:
             await chunks.aclose()  # aborts engine requests still running
             self.release()
@@ -224,6 +258,7 @@ class Running:
         except ClientLeft:
             raise
         except Exception:
+            self.failed = True
             state.counters.failed += 1
             if not job.served.engine.is_healthy:
                 state.admission.close(job.served.name)  # nobody waiting for a dead engine should wait on
