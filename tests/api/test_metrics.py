@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_adapter.recordings import tag
 from gateway.app import create_app
 from gateway.settings import Settings, hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch, open_post
+from tests.conftest import API_KEY, DENSE, MODELS, MOE, ROOT, Server, free_port, launch, open_post
 
 MODEL = "replay"
 ALICE, BOB = "sk-metrics-alice", "sk-metrics-bob"  # bob: 1 request per minute
@@ -64,7 +64,7 @@ def config(tmp: Path, port: int) -> Path:
 # A server per test (a few seconds to start): each test checks absolute counts, and which
 # users get their own label depends on who came first.
 @pytest.fixture
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("metrics")
     port = free_port()
     with launch(config(tmp, port), tmp / "server.log", port) as srv:
@@ -109,7 +109,8 @@ def running(model: str = MODEL) -> Callable[[Samples], float]:
     return lambda s: value(s, "sparkgate_running_requests", model=model)
 
 
-async def test_counters_match_what_the_clients_saw(server: Server) -> None:
+async def test_counters_match_what_the_clients_saw(gw: Server) -> None:
+    server = gw
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         # Quota: bob's first request runs, his second in the minute is a 429 (rpm).
         first = await post(client, chat(BOB, SHORT, 2))
@@ -192,7 +193,8 @@ async def test_counters_match_what_the_clients_saw(server: Server) -> None:
     assert value(s, "sparkgate_engine_up", model=MODEL) == 1
 
 
-async def test_label_sets_stay_bounded(server: Server) -> None:
+async def test_label_sets_stay_bounded(gw: Server) -> None:
+    server = gw
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         # Users beyond metrics.max_users (3) are counted as `other`.
         for key in [ALICE, *OTHERS]:
@@ -243,3 +245,22 @@ def test_access_loopback_token_and_disabled() -> None:
         assert c.get("/metrics").status_code == 404
         ok = c.post("/v1/chat/completions", json={"model": MODEL, "messages": SHORT, "max_tokens": 2})
         assert ok.status_code == 200  # nothing measured, everything served
+
+
+@pytest.mark.engine
+def test_vllm_engines_own_metrics_for_each_model(server: Server) -> None:
+    """The session's two in-process vLLM engines: each one's `vllm:*` metrics, labelled `model`
+    (vLLM itself keeps only the last engine's in the global registry)."""
+    r = httpx.post(
+        f"{server.api}/chat/completions",
+        json={"model": MOE, "messages": SHORT, "max_tokens": 4},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    )
+    assert r.status_code == 200
+    s = scrape(server)
+    for model in (DENSE, MOE):
+        assert ("vllm:num_requests_running", frozenset({("model", model), ("engine", "0")})) in s, model
+        assert value(s, "sparkgate_kv_pool_blocks", model=model) > 0
+    assert not any(dict(labels).get("model_name") for _, labels in s)
+    assert value(s, "vllm:generation_tokens_total", model=MOE, engine="0") >= 4
