@@ -189,6 +189,14 @@ def kv_spec_from_config(vllm_config: Any) -> KVSpec:
     )
 
 
+def _vllm_collectors() -> list[Any]:
+    """The `vllm:*` collectors in prometheus_client's global registry now."""
+    from prometheus_client import REGISTRY
+
+    found = list(REGISTRY._collector_to_names)  # no public listing; vLLM reads it the same way
+    return [c for c in found if str(getattr(c, "_name", "")).startswith("vllm:")]
+
+
 class _StatsSink:
     """Shared accumulator that the stat-logger factory writes into."""
 
@@ -233,6 +241,7 @@ class VllmLocalEngine:
         self._llm: Any = None
         self._sink = _StatsSink()
         self._kv_spec: KVSpec | None = None
+        self._prometheus: list[Any] = []  # this engine's `vllm:*` collectors (see metric_families)
         self.startup_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -277,9 +286,13 @@ class VllmLocalEngine:
         saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         if self.config.cpu_cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
+        before = set(_vllm_collectors())
         try:
             # Engine creation blocks for tens of seconds: keep the event loop free.
             self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._sink.factory()])
+            # vLLM's PrometheusStatLogger registered its metrics in the global registry, after
+            # dropping every `vllm:*` collector there (another engine's): keep this engine's own.
+            self._prometheus = [c for c in _vllm_collectors() if c not in before]
         finally:
             if self.config.cpu_cores is not None:
                 if saved is None:
@@ -342,6 +355,22 @@ class VllmLocalEngine:
     def is_healthy(self) -> bool:
         llm = self._llm
         return llm is not None and not llm.errored
+
+    def metric_families(self) -> list[Any]:
+        """vLLM's own Prometheus metrics of this engine (prometheus_client families), their
+        `model_name` label renamed `model` (the served name), for the gateway's /metrics."""
+        from prometheus_client.core import Metric
+
+        out = []
+        for collector in self._prometheus:
+            for fam in collector.collect():
+                m = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                for s in fam.samples:
+                    labels = {("model" if k == "model_name" else k): v for k, v in s.labels.items()}
+                    labels["model"] = self.name
+                    m.samples.append(s._replace(labels=labels))
+                out.append(m)
+        return out
 
     def stats(self) -> EngineStats:
         c = self._sink.counter

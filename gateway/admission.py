@@ -34,6 +34,9 @@ class AdmissionMetrics:
     queue_wait_s_max: float = 0.0
     kv_mispredicted_blocks: int = 0  # blocks the engine needed beyond the prediction
     kv_refunded_blocks: int = 0  # blocks given back when the engine found more cached
+    # The same by pool (model) for /metrics: (pool, "admitted" | "queued" | "mispredicted_blocks"
+    # | "refunded_blocks" | "rejected:<reason>") -> count.
+    by_pool: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 class Ticket:
@@ -101,6 +104,7 @@ class AdmissionControl:
             return self._ticket(demand, decision, t0)
         assert isinstance(decision, Queue)
         self.metrics.queued += 1
+        self.metrics.by_pool[demand.pool, "queued"] += 1
         fut: asyncio.Future[Admit] = asyncio.get_running_loop().create_future()
         self._waiters[demand.id] = (fut, demand.pool)
         timeout = self._timeouts.get(demand.priority)
@@ -126,6 +130,7 @@ class AdmissionControl:
         waited = self._clock() - t0
         m = self.metrics
         m.admitted += 1
+        m.by_pool[demand.pool, "admitted"] += 1
         m.queue_wait_s_total += waited
         m.queue_wait_s_max = max(m.queue_wait_s_max, waited)
         return Ticket(self, demand, admit, waited, m.admitted)
@@ -146,6 +151,7 @@ class AdmissionControl:
 
     def _error(self, reject: Reject, pool: str) -> GatewayError:
         self.metrics.rejected[reject.reason.label] += 1
+        self.metrics.by_pool[pool, "rejected:" + reject.reason.label] += 1
         retry = None
         if reject.retry_after is not None:
             # The policy counts rounds of the pool's slots; a round lasts about one service time.
@@ -157,9 +163,11 @@ class AdmissionControl:
         delta, admitted = self.state.reconcile(ticket.id, hit_blocks)
         if delta > 0:
             self.metrics.kv_mispredicted_blocks += delta
+            self.metrics.by_pool[ticket.demand.pool, "mispredicted_blocks"] += delta
             log.warning("%s: the engine found %d fewer cached blocks than predicted", ticket.id, delta)
         elif delta < 0:
             self.metrics.kv_refunded_blocks -= delta
+            self.metrics.by_pool[ticket.demand.pool, "refunded_blocks"] -= delta
         self._dispatch(admitted)
 
     def _release(self, ticket: Ticket) -> None:

@@ -17,6 +17,8 @@ from gateway import errors, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.http import admin, dashboard, openai, ops, responses_api
+from gateway.http import metrics as metrics_http
+from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
@@ -177,7 +179,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
                 log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
                 served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats))
-            app.state.sparkgate = AppState(
+            app.state.sparkgate = state = AppState(
                 settings=settings,
                 registry=ModelRegistry(served),
                 keys=KeyRing(settings.auth, settings.quotas, quota.lookup_key),
@@ -186,7 +188,10 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 quota=quota,
                 router=Router(settings.routing, served, settings.boxes()) if settings.routing.enabled else None,
                 responses=stored,
+                metrics=Metrics(settings.metrics) if settings.metrics.enabled else None,
             )
+            if state.metrics is not None:
+                state.metrics.bind(state)
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
@@ -206,4 +211,6 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)
+    if settings.metrics.enabled:
+        app.include_router(metrics_http.router)
     return app

@@ -5,6 +5,7 @@ errors for a request no model can take. See docs/routing.md.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.auth import Principal
@@ -14,7 +15,7 @@ from gateway.settings import RoutingSettings
 from policies.lanes import Flight, LaneSpec
 from policies.latency import Profile
 from policies.load import LoadModel, RouteInfo, RouteQuery
-from policies.routing import Slo
+from policies.routing import NoRoute, Slo
 
 
 def slo_classes(settings: RoutingSettings) -> dict[str, Slo]:
@@ -58,6 +59,19 @@ def _lane(m: ServedModel, box: str) -> LaneSpec:
     )
 
 
+def route_decision(out: RouteInfo | NoRoute) -> tuple[str, str]:
+    """A routing outcome as bounded metric labels: (model or "none", decision)."""
+    if isinstance(out, NoRoute):
+        return "none", "unavailable" if out.kind == "unavailable" else f"refused_{out.kind}"
+    if out.reason.startswith("degraded"):
+        decision = "degraded"
+    elif out.reason.startswith("substituted"):
+        decision = "substituted"
+    else:
+        decision = "chosen"
+    return out.model, decision + ("_held" if out.hold_s > 0 else "")
+
+
 class Router:
     """Picks each request's model by its SLO class and the load right now."""
 
@@ -68,6 +82,8 @@ class Router:
         self.settings = settings
         self.served = {m.name: m for m in models}
         self.model = load_model(settings, [_lane(m, (boxes or {}).get(m.name, "")) for m in models])
+        # Routing decisions for /metrics: (model, decision) -> count (gateway/metrics.py).
+        self.decisions: Counter[tuple[str, str]] = Counter()
 
     def is_alias(self, name: str) -> bool:
         return name in self.settings.aliases
@@ -96,6 +112,7 @@ class Router:
         """The model to serve this request, decided before it queues anywhere: 503 when every
         candidate's engine is down, 429 `slo_unattainable` when none would meet its SLO."""
         out = self.model.route(query)
+        self.decisions[route_decision(out)] += 1
         if isinstance(out, RouteInfo):
             return out
         if out.kind == "unavailable":  # down is not slow: a 503 to retry, not an SLO verdict

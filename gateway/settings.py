@@ -363,6 +363,17 @@ class ResponsesSettings(_Model):
     max_stored: int = Field(1000, ge=1)
 
 
+class MetricsSettings(_Model):
+    """GET /metrics (Prometheus text format, gateway/metrics.py)."""
+
+    enabled: bool = True  # false: /metrics answers 404 and no request is measured
+    # Unset: only loopback clients may scrape, without a key. Set: anyone with
+    # `Authorization: Bearer <token>`, and nobody without it.
+    token: str | None = None
+    # Distinct `user` label values; users beyond these are counted as `other`.
+    max_users: int = Field(50, ge=1)
+
+
 class LimitSettings(_Model):
     max_n: int = Field(8, ge=1)
 
@@ -422,6 +433,7 @@ class Settings(BaseSettings):
     responses: ResponsesSettings = ResponsesSettings()
     box: BoxSettings | None = None
     routing: RoutingSettings = RoutingSettings()
+    metrics: MetricsSettings = MetricsSettings()
     placement: PlacementSettings | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.dashboard import Recent
+from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
@@ -40,3 +41,4 @@ class AppState:
     responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))
     # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).
     recent: Recent = field(default_factory=Recent)
+    metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)

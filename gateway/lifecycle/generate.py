@@ -18,6 +18,7 @@ async def _checked(
     prompt_tokens: int,
     on_prefill: Callable[[int], None] | None = None,
     flight: Flight | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[EngineChunk]:
     """Engine chunks; an engine-side abort becomes a 503. The meter counts the prompt
     at the first chunk and every output token; `on_prefill` gets the first chunk's
@@ -34,6 +35,10 @@ async def _checked(
         if new and meter.first_output_at is None:
             meter.first_output_at = time.monotonic()
         meter.finish_reasons += [c.finish_reason for c in chunk.choices if c.finish_reason is not None]
+        if clock is not None and new:
+            meter.last_token = clock()
+            if meter.first_token is None:
+                meter.first_token = meter.last_token
         if flight is not None:
             flight.tokens(new, chunk.num_cached_tokens)
         for c in chunk.choices:
@@ -59,7 +64,9 @@ async def run(
     """
     engine = job.served.engine
     if len(job.requests) == 1:
-        stream = _checked(engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), on_prefill, flight)
+        stream = _checked(
+            engine.generate(job.requests[0]), job.meter, len(job.prompts[0]), on_prefill, flight, engine.clock
+        )
         async for chunk in stream:
             yield 0, chunk
         return
@@ -70,7 +77,12 @@ async def run(
             stream = engine.generate(request)
             first = i == 0
             checked = _checked(
-                stream, job.meter, len(job.prompts[i]), on_prefill if first else None, flight if first else None
+                stream,
+                job.meter,
+                len(job.prompts[i]),
+                on_prefill if first else None,
+                flight if first else None,
+                engine.clock,
             )
             async for chunk in checked:
                 await queue.put((i, chunk))

@@ -25,6 +25,10 @@ class Meter:
     first_output_at: float | None = None  # time.monotonic() of the first output token
     finish_reasons: list[str] = field(default_factory=list)  # one per finished choice
     error_code: str | None = None  # a failure reported in-band, after a stream's status line
+    # On the engine's clock (for /metrics): when the run started, the first and last output.
+    started: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,20 @@ from typing import Any
 from engine_adapter.base import EngineChunk
 from gateway import dashboard
 from gateway.admission import Ticket
+from gateway.errors import GatewayError
 from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, priority_of
+from gateway.metrics import (
+    CANCELLED,
+    CLIENT_LEFT,
+    COMPLETED,
+    FAILED,
+    LEFT_QUEUED,
+    QUOTA_UNAVAILABLE,
+    REJECTED_ADMISSION,
+    REJECTED_QUOTA,
+)
 from gateway.quota import Hold
 from gateway.router import Router
 from gateway.state import AppState
@@ -56,7 +67,15 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         priority=priority_of(job.principal, priority_header),
         user_max_running=job.principal.max_concurrency or state.settings.admission.per_user_max_concurrency,
     )
-    hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+    metrics = state.metrics
+    job.meter.started = job.served.engine.clock()
+    try:
+        hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
+    except BaseException as e:
+        if metrics is not None:
+            status = getattr(e, "status", 0)
+            metrics.not_started(job, REJECTED_QUOTA if status == 429 else QUOTA_UNAVAILABLE)
+        raise
     flight = _fly(state.router, job)
     try:
         if flight is not None:
@@ -68,6 +87,9 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
             flight.finish()  # it never reached its engine
         if isinstance(e, ClientLeft):
             log.info("%s: client left while queued", job.id)
+        if metrics is not None:
+            outcome = LEFT_QUEUED if isinstance(e, ClientLeft) else CANCELLED
+            metrics.not_started(job, REJECTED_ADMISSION if isinstance(e, GatewayError) else outcome)
         raise
     if flight is not None:
         flight.admitted()
@@ -134,10 +156,12 @@ class Running:
         self.flight = flight
         self.client_gone = client_gone
         self.returned = False  # the client got the whole answer (and its usage)
+        self.failed = False  # an error ended the answer (else, unreturned: the client left)
         self._released = False
-        # Engine-clock times for the dashboard's recent requests (gateway/dashboard.py).
+        # On the engine's clock, for the dashboard's recent requests (gateway/dashboard.py).
         self.arrived = job.served.engine.clock()
-        self.first_at: float | None = None
+        if state.metrics is not None:
+            state.metrics.admitted(job, ticket.waited_s)
         log.info(
             "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
             job.id,
@@ -166,24 +190,24 @@ class Running:
                 user=job.principal.name,
                 slo=None if job.route is None else job.route.slo,
                 arrived=self.arrived,
-                first=self.first_at,
+                first=m.first_token,
                 end=job.served.engine.clock(),
                 completion_tokens=m.completion_tokens,
                 choices=job.n * len(job.requests),
                 returned=self.returned,
             )
         )
+        metrics = self.state.metrics
+        if metrics is not None:
+            outcome = COMPLETED if self.returned else FAILED if self.failed else CLIENT_LEFT
+            route = self.job.route
+            slo = None if route is None or self.state.router is None else self.state.router.settings.classes[route.slo]
+            metrics.finished(self.job, outcome, slo)
 
     def _chunks(self) -> AsyncGenerator[tuple[int, EngineChunk], None]:
-        engine = self.job.served.engine
-        bs = engine.kv_spec.block_size
+        bs = self.job.served.engine.kv_spec.block_size
         ticket = self.ticket
-
-        def prefilled(cached: int) -> None:
-            self.first_at = engine.clock()
-            ticket.prefilled(cached // bs)
-
-        return generate.run(self.job, on_prefill=prefilled, flight=self.flight)
+        return generate.run(self.job, on_prefill=lambda cached: ticket.prefilled(cached // bs), flight=self.flight)
 
     @contextlib.asynccontextmanager
     async def _watched(self) -> AsyncIterator[asyncio.Future[None]]:
@@ -222,6 +246,9 @@ class Running:
                     yield line
             self.state.counters.completed += 1
             self.returned = True
+        except Exception:
+            self.failed = True
+            raise
         finally:
             await chunks.aclose()  # aborts engine requests still running
             self.release()
@@ -251,6 +278,7 @@ class Running:
         except ClientLeft:
             raise
         except Exception:
+            self.failed = True
             state.counters.failed += 1
             if not job.served.engine.is_healthy:
                 state.admission.close(job.served.name)  # nobody waiting for a dead engine should wait on

@@ -85,6 +85,7 @@ class QuotaMetrics:
     outbox_applied: int = 0  # settlements applied to Redis after it came back
     replayed: int = 0  # of those, usage served on local limits during an outage
     outages: int = 0
+    outage_s: float = 0.0  # seconds the shared store was away, over ended outages
     local_reserves: int = 0  # reservations served by the per-process fallback (fail-open)
 
 
@@ -178,6 +179,11 @@ class QuotaGate:
     @property
     def is_down(self) -> bool:
         return self._down_since is not None
+
+    def outage_seconds(self) -> float:
+        """Seconds the shared store has been away in all, the outage going on now included."""
+        now = 0.0 if self._down_since is None else time.monotonic() - self._down_since
+        return self.metrics.outage_s + now
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._down_since is None:
@@ -307,7 +313,9 @@ class QuotaGate:
             try:
                 if self._down_since is not None:
                     await self.store.ping()
-                    log.warning("quota store reachable again after %.1fs", time.monotonic() - self._down_since)
+                    down_s = time.monotonic() - self._down_since
+                    self.metrics.outage_s += down_s
+                    log.warning("quota store reachable again after %.1fs", down_s)
                     self._down_since = None
                     last_renew = 0.0
                 if self._outbox:
