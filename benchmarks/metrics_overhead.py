@@ -1,10 +1,13 @@
-"""What /metrics costs a request: the same gateway with `metrics.enabled` on and off, side by side.
+"""What /metrics and the request log cost a request: the same gateway with `metrics.enabled`
+on and off, and with its JSON request line (`sparkgate.request`, as `log_format: json`
+writes it, to a file) on and off, side by side.
 
 Two apps in one process, each on a replay engine (recorded text, no model, no pacing), driven
 in-process through httpx's ASGI transport (no sockets: the gateway's own work is what is
-left to measure). Rounds alternate between the two configs, so drift in the machine's load
-hits both alike. Measures the median latency of one chat request at a time (16 output
-tokens, non-streaming and streaming), the throughput of 32 at once, and one scrape.
+left to measure). Three configs: metrics and log, metrics only, neither. Rounds rotate their
+order, so drift in the machine's load hits all alike. Measures the median latency of one
+chat request at a time (16 output tokens, non-streaming and streaming), the throughput of
+32 at once, and one scrape.
 
     .venv/bin/python benchmarks/metrics_overhead.py [--rounds 20] [--per-round 25]
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +29,7 @@ import httpx
 
 from gateway.app import create_app
 from gateway.lifecycle.job import Meter
+from gateway.logs import JsonFormatter
 from gateway.metrics import Metrics
 from gateway.settings import MetricsSettings, Settings
 
@@ -93,20 +99,37 @@ def hooks_us(n: int = 20_000) -> float:
     return (time.perf_counter() - t) / n * 1e6
 
 
+REQUEST_LOG = logging.getLogger("sparkgate.request")
+
+
+def request_lines(on: bool) -> None:
+    """The request log on (info, to its JSON file handler) or off (nothing built or written)."""
+    REQUEST_LOG.setLevel(logging.INFO if on else logging.WARNING)
+
+
 async def main(rounds: int, per_round: int, width: int) -> None:
+    log_file = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)  # noqa: SIM115
+    handler = logging.FileHandler(log_file.name)
+    handler.setFormatter(JsonFormatter())
+    REQUEST_LOG.addHandler(handler)
+    REQUEST_LOG.propagate = False
     async with gateway(True) as on, gateway(False) as off:
-        clients = {"on": on, "off": off}
-        for c in clients.values():  # warm up: tokenizer caches, first-request paths
+        # config name -> (client, request log on)
+        configs = {"metrics+log": (on, True), "metrics": (on, False), "neither": (off, False)}
+        for c, logged in configs.values():  # warm up: tokenizer caches, first-request paths
+            request_lines(logged)
             for _ in range(20):
                 await one(c, False)
-        lat: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in clients for s in (False, True)}
-        tput: dict[str, list[float]] = {k: [] for k in clients}
+        lat: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in configs for s in (False, True)}
+        tput: dict[str, list[float]] = {k: [] for k in configs}
+        names = list(configs)
         for i in range(rounds):
-            order = list(clients) if i % 2 == 0 else list(reversed(clients))
-            for name in order:
+            for name in names[i % 3 :] + names[: i % 3]:
+                client, logged = configs[name]
+                request_lines(logged)
                 for stream in (False, True):
-                    lat[name, stream] += [await one(clients[name], stream) for _ in range(per_round)]
-                tput[name].append(await burst(clients[name], width, 8 * width))
+                    lat[name, stream] += [await one(client, stream) for _ in range(per_round)]
+                tput[name].append(await burst(client, width, 8 * width))
         scrape = []
         for _ in range(200):
             t = time.perf_counter()
@@ -118,16 +141,22 @@ async def main(rounds: int, per_round: int, width: int) -> None:
     def med_us(xs: list[float]) -> float:
         return statistics.median(xs) * 1e6
 
+    handler.close()
+    lines = sum(1 for _ in open(log_file.name))  # noqa: SIM115
     n = rounds * per_round
-    print(f"{n} requests per config and kind, {rounds} interleaved rounds; bursts of {8 * width}, {width} at once")
-    print("| | metrics on | metrics off | on - off | on / off |")
-    print("|---|---|---|---|---|")
+    print(f"{n} requests per config and kind, {rounds} rotated rounds; bursts of {8 * width}, {width} at once")
+    print(f"request log: {lines} JSON lines written to {log_file.name}")
+    print("| | metrics + request log | metrics only | neither | all / neither | metrics / neither |")
+    print("|---|---|---|---|---|---|")
     for stream in (False, True):
-        a, b = med_us(lat["on", stream]), med_us(lat["off", stream])
+        a, b, c = (med_us(lat[k, stream]) for k in names)
         kind = "stream" if stream else "JSON"
-        print(f"| one at a time, {kind}, p50 | {a:,.0f} µs | {b:,.0f} µs | {a - b:+,.0f} µs | {a / b:.3f} |")
-    a, b = statistics.median(tput["on"]), statistics.median(tput["off"])
-    print(f"| {width} at once, median throughput | {a:,.0f} req/s | {b:,.0f} req/s | {a - b:+,.0f} | {a / b:.3f} |")
+        print(f"| one at a time, {kind}, p50 | {a:,.0f} µs | {b:,.0f} µs | {c:,.0f} µs | {a / c:.3f} | {b / c:.3f} |")
+    a, b, c = (statistics.median(tput[k]) for k in names)
+    print(
+        f"| {width} at once, median throughput | {a:,.0f} req/s | {b:,.0f} req/s | {c:,.0f} req/s "
+        f"| {a / c:.3f} | {b / c:.3f} |"
+    )
     print(f"scrape: p50 {med_us(scrape):,.0f} µs for {series} samples; the hooks alone: {hooks_us():.1f} µs a request")
 
 

@@ -130,6 +130,8 @@ class RequestLog:
         return "ok"
 
     def write(self) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return  # request lines are off (log_level above info): build nothing
         rec = self.record()
         text = " ".join(f"{k}={v}" for k, v in rec.items() if v is not None)
         log.info("request %s", text, extra={"fields": rec, "event": "request"})
