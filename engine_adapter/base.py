@@ -13,7 +13,7 @@ Errors an engine raises, all subclasses of `EngineError`:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -75,6 +75,22 @@ class EngineRequest:
     sampling: SamplingOptions
     priority: int = 0
     cache_salt: str | None = None
+
+
+def check_request(request: EngineRequest, *, max_model_len: int, active: Container[str]) -> None:
+    """What an engine without vLLM's own checks (simulated, replay) refuses in any request."""
+    s = request.sampling
+    if s.max_tokens < 1:
+        raise EngineRequestInvalid("max_tokens must be at least 1")
+    if not request.prompt_token_ids:
+        raise EngineRequestInvalid("the prompt is empty")
+    if len(request.prompt_token_ids) + s.max_tokens > max_model_len:
+        raise EngineRequestInvalid(
+            f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens ({s.max_tokens}) "
+            f"exceed max_model_len {max_model_len}"
+        )
+    if request.request_id in active:
+        raise EngineRequestInvalid(f"duplicate request id {request.request_id!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from engine_adapter.base import (
     KVGroup,
     KVSpec,
     TokenLogprob,
+    check_request,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
 from engine_adapter.recordings import RECORDINGS, select
@@ -187,19 +188,9 @@ class ReplayEngine:
         s = request.sampling
         if s.structured is not None:
             raise EngineRequestInvalid("the replay engine cannot follow a grammar")
-        if s.max_tokens < 1:
-            raise EngineRequestInvalid("max_tokens must be at least 1")
         if s.n < 1:
             raise EngineRequestInvalid("n must be at least 1")
-        if not request.prompt_token_ids:
-            raise EngineRequestInvalid("the prompt is empty")
-        if len(request.prompt_token_ids) + s.max_tokens > self.max_model_len:
-            raise EngineRequestInvalid(
-                f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens ({s.max_tokens}) "
-                f"exceed max_model_len {self.max_model_len}"
-            )
-        if request.request_id in self._streams:
-            raise EngineRequestInvalid(f"duplicate request id {request.request_id!r}")
+        check_request(request, max_model_len=self.max_model_len, active=self._streams)
         name = select(self._tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False))
         if name not in self._ids:
             raise EngineRequestInvalid(

@@ -37,6 +37,7 @@ from engine_adapter.base import (
     FinishReason,
     KVSpec,
     TokenLogprob,
+    check_request,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
 from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, RequestEvent, SimConfig
@@ -227,17 +228,7 @@ class SimulatedEngine:
         s = request.sampling
         if s.n != 1:
             raise EngineRequestInvalid("the simulated engine serves n=1 only")
-        if s.max_tokens < 1:
-            raise EngineRequestInvalid("max_tokens must be at least 1")
-        if not request.prompt_token_ids:
-            raise EngineRequestInvalid("the prompt is empty")
-        if len(request.prompt_token_ids) + s.max_tokens > self.max_model_len:
-            raise EngineRequestInvalid(
-                f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens ({s.max_tokens}) "
-                f"exceed max_model_len {self.max_model_len}"
-            )
-        if request.request_id in self._streams:
-            raise EngineRequestInvalid(f"duplicate request id {request.request_id!r}")
+        check_request(request, max_model_len=self.max_model_len, active=self._streams)
 
     def _rng_for(self, request: EngineRequest) -> random.Random:
         h = hashlib.sha256(f"{self.config.seed}:{request.sampling.seed}:".encode())

@@ -61,7 +61,6 @@ class ClientLeft(Exception):
 
 async def start(job: Job, state: AppState, *, priority_header: str | None, client_gone: ClientGone) -> Running:
     """Take the job's holds in order; on any failure give back what was taken and raise."""
-    arrived = job.served.engine.clock()
     wanted = demand(
         job,
         priority=priority_of(job.principal, priority_header),
@@ -93,9 +92,7 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         raise
     if flight is not None:
         flight.admitted()
-    running = Running(job, state, ticket, hold, flight, client_gone)
-    running.arrived = arrived
-    return running
+    return Running(job, state, ticket, hold, flight, client_gone)
 
 
 def _fly(router: Router | None, job: Job) -> Flight | None:
@@ -158,8 +155,6 @@ class Running:
         self.returned = False  # the client got the whole answer (and its usage)
         self.failed = False  # an error ended the answer (else, unreturned: the client left)
         self._released = False
-        # On the engine's clock, for the dashboard's recent requests (gateway/dashboard.py).
-        self.arrived = job.served.engine.clock()
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         log.info(
@@ -184,14 +179,15 @@ class Running:
         m = self.job.meter
         self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
         job = self.job
+        end = job.served.engine.clock()
         self.state.recent.add_finished(
             dashboard.finished(
                 model=job.served.name,
                 user=job.principal.name,
                 slo=None if job.route is None else job.route.slo,
-                arrived=self.arrived,
+                arrived=end if m.started is None else m.started,  # set by start(), on the engine's clock
                 first=m.first_token,
-                end=job.served.engine.clock(),
+                end=end,
                 completion_tokens=m.completion_tokens,
                 choices=job.n * len(job.requests),
                 returned=self.returned,
