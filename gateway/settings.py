@@ -45,6 +45,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class CorsSettings(_Model):
+    """Cross-origin requests from browsers: off unless origins are listed."""
+
+    allow_origins: tuple[str, ...] = ()  # e.g. ["https://chat.example.com"]; "*" for any
+    allow_headers: tuple[str, ...] = ("Authorization", "Content-Type", "X-Request-Id")
+    max_age_s: int = Field(600, ge=0)
+
+
 class ServerSettings(_Model):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -56,6 +64,10 @@ class ServerSettings(_Model):
     keep_alive_s: float = Field(75.0, gt=0)
     # Where vLLM, torch and HF write caches; kept inside the tree by default.
     cache_dir: str = ".cache"
+    # SIGTERM: how long requests in flight may take to finish before they are aborted
+    # (new requests get 503 meanwhile); a second SIGTERM aborts them at once.
+    drain_grace_s: float = Field(30.0, ge=0)
+    cors: CorsSettings = CorsSettings()
 
 
 PriorityClass = Literal["interactive", "batch"]
@@ -121,10 +133,19 @@ class AdminKey(_Model):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class FailedAuthSettings(_Model):
+    """Throttling of failed authentications, per client address (brute force)."""
+
+    max_failures: int = Field(20, ge=1)  # within window_s; then 429 until block_s has passed
+    window_s: float = Field(60.0, gt=0)
+    block_s: float = Field(60.0, gt=0)
+
+
 class AuthSettings(_Model):
     required: bool = True
     keys: tuple[ApiKey, ...] = ()
     admin_keys: tuple[AdminKey, ...] = ()  # for /sparkgate/admin and `sparkgate keys`
+    failed: FailedAuthSettings = FailedAuthSettings()
 
     @model_validator(mode="after")
     def _keys_when_required(self) -> AuthSettings:
@@ -230,6 +251,17 @@ class RemoteSettings(_Model):
     read_timeout_s: float = Field(10.0, gt=1)
 
 
+class RestartSettings(_Model):
+    """What happens when a model's engine dies: restarts with exponential backoff, until it
+    has died `max_deaths` times within `window_s`; then it stays down (see /ready)."""
+
+    enabled: bool = True
+    backoff_s: float = Field(1.0, gt=0)  # before the first restart; doubles each time
+    max_backoff_s: float = Field(60.0, gt=0)
+    max_deaths: int = Field(3, ge=1)
+    window_s: float = Field(600.0, gt=0)
+
+
 class ModelSettings(_Model):
     """One served model: where it lives and how its engine runs."""
 
@@ -285,6 +317,7 @@ class ModelSettings(_Model):
     simulated: SimulatedSettings | None = None
     remote: RemoteSettings | None = None
     replay: ReplaySettings = ReplaySettings()
+    restart: RestartSettings = RestartSettings()
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
