@@ -84,6 +84,10 @@ def _run(
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
         log_config=log_config,
+        # X-Forwarded-For only from the configured proxies (uvicorn would trust 127.0.0.1 by
+        # default: any local process could then pick the address its failures count against).
+        proxy_headers=bool(server.trusted_proxies),
+        forwarded_allow_ips=list(server.trusted_proxies) or None,
     )
     server_ = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
