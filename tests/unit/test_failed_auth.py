@@ -84,7 +84,7 @@ class Clock:
 
 def table(clock: Clock, **settings: float) -> FailedAuthTable:
     defaults: dict[str, float] = {"max_failures": 3, "window_s": 10.0, "block_s": 30.0, "max_clients": 100}
-    return FailedAuthTable(FailedAuthSettings(**(defaults | settings)), clock=clock)  # type: ignore[arg-type]
+    return FailedAuthTable(FailedAuthSettings(**(defaults | settings)), clock=clock)
 
 
 async def wrong() -> str:
