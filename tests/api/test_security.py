@@ -5,7 +5,7 @@ caches.
 
 Each test speaks from its own loopback source address (127.0.0.N: the gateway sees each as a
 client of its own), so the failure counts of one test never reach another. The gateway
-trusts X-Forwarded-For from 127.0.0.1 only.
+trusts X-Forwarded-For from 127.0.0.2 only.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ ORIGIN = "https://chat.example.com"
 MAX_FAILURES = 4
 BLOCK_S = 6.0  # short, so a test can see a block end; generous beside one request's time
 MESSAGES = [{"role": "user", "content": "Hello there."}]
-PROXY = "127.0.0.1"  # server.trusted_proxies
+PROXY = "127.0.0.2"  # server.trusted_proxies (not 127.0.0.1, which uvicorn would trust by default)
 _addresses = (f"127.0.0.{i}" for i in itertools.count(10))
 
 
@@ -168,15 +168,16 @@ def test_a_block_ends_after_block_s(gw: Server) -> None:
 
 
 def test_x_forwarded_for_counts_only_from_a_trusted_proxy(gw: Server) -> None:
-    # Through the proxy (127.0.0.1): the client it names is blocked, the proxy's other clients are not.
+    # Through the proxy: the client it names is blocked, the proxy's other clients are not.
     # A forged entry on the left changes nothing: the address the proxy itself added counts.
     block(sdk(gw, GUESS, PROXY, **{"X-Forwarded-For": "203.0.113.1, 198.51.100.7"}))
     with pytest.raises(openai.RateLimitError):
         sdk(gw, ALICE, PROXY, **{"X-Forwarded-For": "198.51.100.7"}).models.list()
     assert sdk(gw, ALICE, PROXY, **{"X-Forwarded-For": "198.51.100.8"}).models.list().data
     assert sdk(gw, ALICE, PROXY).models.list().data  # the proxy itself is not blocked
-    # From anyone else, X-Forwarded-For is ignored: the peer is the client.
-    untrusted = fresh_address()
+    # From anyone else, X-Forwarded-For is ignored: the peer is the client. 127.0.0.1 too,
+    # which uvicorn would trust unless told otherwise (gateway/cli.py tells it).
+    untrusted = "127.0.0.1"
     block(sdk(gw, GUESS, untrusted, **{"X-Forwarded-For": "198.51.100.9"}))
     with pytest.raises(openai.RateLimitError):
         sdk(gw, ALICE, untrusted, **{"X-Forwarded-For": "198.51.100.10"}).models.list()

@@ -7,12 +7,14 @@ import asyncio
 import logging
 
 import pytest
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from gateway.cli import proxy_options
 from gateway.errors import AuthenticationFailed, AuthThrottled
 from gateway.failed_auth import FailedAuthTable
 from gateway.logs import RedactSecrets
 from gateway.redaction import redact, redacted_url
-from gateway.settings import FailedAuthSettings
+from gateway.settings import FailedAuthSettings, ServerSettings
 from policies.failed_auth import ALLOW, Block, ClientRecord, FailureLimits, check, client_key, failed, forgettable
 
 LIMITS = FailureLimits(max_failures=3, window_s=10.0, block_s=30.0)
@@ -186,6 +188,29 @@ def test_settings_bound_the_table() -> None:
     assert FailedAuthSettings().max_clients == 10_000
     with pytest.raises(ValueError):
         FailedAuthSettings(max_clients=0)
+
+
+def test_uvicorn_reads_x_forwarded_for_only_from_trusted_proxies() -> None:
+    import uvicorn
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        pass
+
+    default = uvicorn.Config(app, **proxy_options(()))
+    default.load()
+    assert not isinstance(default.loaded_app, ProxyHeadersMiddleware)  # uvicorn's own default: trust 127.0.0.1
+    proxied = uvicorn.Config(app, **proxy_options(("10.0.0.5",)))
+    proxied.load()
+    assert isinstance(proxied.loaded_app, ProxyHeadersMiddleware)
+    assert "127.0.0.1" not in proxied.loaded_app.trusted_hosts and "10.0.0.5" in proxied.loaded_app.trusted_hosts
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    assert ServerSettings().trusted_proxies == ()  # X-Forwarded-For ignored by default
+    assert ServerSettings(trusted_proxies=("10.0.0.5", "10.1.0.0/16", "::1")).trusted_proxies[1] == "10.1.0.0/16"
+    for bad in ("*", "proxy.local", "10.0.0.0/33"):
+        with pytest.raises(ValueError, match="trusted_proxies"):
+            ServerSettings(trusted_proxies=(bad,))
 
 
 @pytest.mark.parametrize(
