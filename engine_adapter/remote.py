@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 class RemoteEngineConfig:
     name: str  # the model's name on the host
     address: str  # the host's base URL, e.g. http://spark-2:8001
-    token: str  # shared with the host
+    token: str = field(repr=False)  # shared with the host; never in a repr or a log
     tokenizer: str  # a local directory with the model's tokenizer
     share: float = 1.0  # of the host's KV pool and slots, for this gateway
     poll_interval_s: float = 0.5
@@ -56,6 +56,13 @@ class RemoteEngineConfig:
     # silence this long means the host or the network stalled.
     read_timeout_s: float = 10.0
     gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def shown_address(self) -> str:
+        """The address for messages and logs: credentials in it shown as *** (errors reach
+        clients). As gateway.redaction.redacted_url, which engine_adapter may not import."""
+        url = httpx.URL(self.address)
+        return str(url.copy_with(userinfo=b"***")) if url.userinfo else self.address
 
 
 def _message(response: httpx.Response) -> str:
@@ -98,11 +105,13 @@ class RemoteEngine:
         self._tokenizer = await asyncio.to_thread(load_tokenizer, c.tokenizer)
         info = await self._claim()
         if info.protocol != PROTOCOL:
-            raise EngineUnavailable(f"engine host {c.address} speaks protocol {info.protocol}, this gateway {PROTOCOL}")
+            raise EngineUnavailable(
+                f"engine host {c.shown_address} speaks protocol {info.protocol}, this gateway {PROTOCOL}"
+            )
         local = await asyncio.to_thread(fingerprint, self._tokenizer)
         if info.tokenizer_fingerprint != local:
             raise EngineUnavailable(
-                f"engine {c.name} on {c.address}: its tokenizer differs from {c.tokenizer} here "
+                f"engine {c.name} on {c.shown_address}: its tokenizer differs from {c.tokenizer} here "
                 f"({info.tokenizer_fingerprint} != {local}); token counts and ids would be wrong"
             )
         self._poller = asyncio.create_task(self._poll(), name=f"poll-{c.name}")
@@ -110,7 +119,7 @@ class RemoteEngine:
         log.info(
             "engine %s on %s: claimed %.3g: %d of %d blocks x %d tokens, %d slots",
             c.name,
-            c.address,
+            c.shown_address,
             c.share,
             spec.usable_blocks,
             info.pool_blocks,
@@ -123,14 +132,14 @@ class RemoteEngine:
         try:
             r = await self._http.post("/claim", content=Claim(share=c.share).model_dump_json())
         except httpx.HTTPError as e:
-            raise EngineUnavailable(f"engine host {c.address} unreachable: {e!r}") from e
+            raise EngineUnavailable(f"engine host {c.shown_address} unreachable: {e!r}") from e
         if r.status_code != 200:
-            raise EngineUnavailable(f"engine host {c.address} refused the claim on {c.name}: {_message(r)}")
+            raise EngineUnavailable(f"engine host {c.shown_address} refused the claim on {c.name}: {_message(r)}")
         info = EngineInfo.model_validate_json(r.content)
         if self._info is not None and info.kv_spec != self._info.kv_spec:
             # Admission was sized from the first grant; a different one means the host restarted
             # with other settings. Serving on would count against blocks that are not there.
-            raise EngineUnavailable(f"engine {c.name} on {c.address} came back with another KV pool")
+            raise EngineUnavailable(f"engine {c.name} on {c.shown_address} came back with another KV pool")
         self._info = info
         self._healthy = info.healthy
         return info
@@ -151,7 +160,7 @@ class RemoteEngine:
                 self._stats, self._healthy = frame.stats, frame.healthy
             except (httpx.HTTPError, EngineUnavailable, pydantic.ValidationError) as e:
                 if self._healthy:
-                    log.warning("engine %s on %s unavailable: %s", c.name, c.address, e)
+                    log.warning("engine %s on %s unavailable: %s", c.name, c.shown_address, e)
                 self._healthy = False
 
     async def shutdown(self) -> None:
@@ -208,7 +217,7 @@ class RemoteEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         c = self.config
         if not self.is_healthy:
-            raise EngineUnavailable(f"engine {c.name} on {c.address} is not available")
+            raise EngineUnavailable(f"engine {c.name} on {c.shown_address} is not available")
         body = GenerateFrame(request=request).model_dump_json()
         finished = False
         self._live.add(request.request_id)
@@ -218,7 +227,9 @@ class RemoteEngine:
                     await r.aread()
                     if r.status_code == 400:
                         raise EngineRequestInvalid(_message(r))
-                    raise EngineUnavailable(f"engine {c.name} on {c.address}: HTTP {r.status_code}: {_message(r)}")
+                    raise EngineUnavailable(
+                        f"engine {c.name} on {c.shown_address}: HTTP {r.status_code}: {_message(r)}"
+                    )
                 async for line in r.aiter_lines():
                     if not line:
                         continue
@@ -226,16 +237,18 @@ class RemoteEngine:
                     if frame.error == "invalid":
                         raise EngineRequestInvalid(frame.message)
                     if frame.error is not None or frame.chunk is None:
-                        raise EngineUnavailable(f"engine {c.name} on {c.address}: {frame.message}")
+                        raise EngineUnavailable(f"engine {c.name} on {c.shown_address}: {frame.message}")
                     finished = frame.chunk.finished
                     yield frame.chunk
                     if finished:
                         return
-            raise EngineUnavailable(f"engine {c.name} on {c.address} ended the stream before the request finished")
+            raise EngineUnavailable(
+                f"engine {c.name} on {c.shown_address} ended the stream before the request finished"
+            )
         except httpx.HTTPError as e:
-            raise EngineUnavailable(f"engine {c.name} on {c.address} failed mid-request: {e!r}") from e
+            raise EngineUnavailable(f"engine {c.name} on {c.shown_address} failed mid-request: {e!r}") from e
         except pydantic.ValidationError as e:
-            raise EngineUnavailable(f"engine {c.name} on {c.address} sent a malformed frame: {e}") from e
+            raise EngineUnavailable(f"engine {c.name} on {c.shown_address} sent a malformed frame: {e}") from e
         finally:
             self._live.discard(request.request_id)
             if not finished:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
@@ -16,6 +17,7 @@ from engine_adapter.paced import paced
 from gateway import errors, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.failed_auth import FailedAuthTable
 from gateway.http import admin, dashboard, openai, ops, responses_api
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
@@ -189,6 +191,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 router=Router(settings.routing, served, settings.boxes()) if settings.routing.enabled else None,
                 responses=stored,
                 metrics=Metrics(settings.metrics) if settings.metrics.enabled else None,
+                failed_auth=FailedAuthTable(settings.auth.failed),
             )
             if state.metrics is not None:
                 state.metrics.bind(state)
@@ -205,11 +208,23 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(JsonBodyMiddleware)
+    cors = settings.server.cors
+    if cors.allow_origins:  # off by default: browsers' same-origin rule then holds
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors.allow_origins),
+            allow_methods=list(cors.allow_methods),
+            allow_headers=list(cors.allow_headers),
+            expose_headers=list(cors.expose_headers),
+            max_age=cors.max_age_s,
+            allow_credentials=False,  # keys travel in Authorization, never in cookies
+        )
     app.add_middleware(request_log.RequestLogMiddleware)  # outermost: it times the whole request
     app.include_router(openai.router)
     app.include_router(responses_api.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
+    app.include_router(admin.admin_router)
     app.include_router(dashboard.router)
     if settings.metrics.enabled:
         app.include_router(metrics_http.router)

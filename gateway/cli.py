@@ -84,12 +84,21 @@ def _run(
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
         log_config=log_config,
+        **proxy_options(server.trusted_proxies),
     )
     server_ = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
         server_.run(sockets=[sock])
     if not server_.started:
         raise typer.Exit(3)  # as uvicorn.run: stopped before serving (e.g. Ctrl-C while the engines load)
+
+
+def proxy_options(trusted_proxies: tuple[str, ...]) -> dict[str, Any]:
+    """uvicorn's X-Forwarded-For handling: only from the configured proxies. Left alone, uvicorn
+    trusts 127.0.0.1, and any local process could pick the address its failures count against."""
+    if not trusted_proxies:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": list(trusted_proxies)}
 
 
 def _bind(host: str, port: int) -> socket.socket:

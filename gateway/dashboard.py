@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
+from gateway.redaction import redacted_url
 
 if TYPE_CHECKING:
     from gateway.settings import SloClass
@@ -232,10 +233,7 @@ async def _users(state: AppState) -> tuple[list[dict[str, Any]], str | None]:
 
 def _quota(state: AppState) -> dict[str, Any]:
     q = state.quota
-    url = q.settings.redis_url if q.shared else None
-    if url is not None and "@" in url:  # never show a password
-        scheme, _, rest = url.partition("://")
-        url = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    url = redacted_url(q.settings.redis_url) if q.shared else None  # never show a password
     status = "memory" if not q.shared else ("down" if q.is_down else "up")
     return {
         "store": q.settings.store,

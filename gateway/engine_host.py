@@ -17,7 +17,9 @@ is never over-committed, however many gateways reach it.
 
 Every other call needs `Authorization: Bearer <token>`, the token shared with the
 gateways (the host is not for clients), and `X-Sparkgate-Gateway: <id>`, the calling
-gateway's per-process id.
+gateway's per-process id. The token is compared in constant time, never shown in a repr or a
+log, and wrong tokens count toward the caller's failed-auth block (`auth.failed`), as at the
+gateway.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import logging
 import time
@@ -42,7 +45,9 @@ from gateway import errors
 from gateway.app import EngineFactory, vllm_engine
 from gateway.auth import bearer
 from gateway.errors import AuthenticationFailed, EngineUnavailableError, ModelNotFound, ShareUnavailable
-from gateway.settings import Settings
+from gateway.failed_auth import FailedAuthTable
+from gateway.http.deps import client_address
+from gateway.settings import FailedAuthSettings, Settings
 from policies import shares
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,8 @@ class HostedEngine:
 @dataclasses.dataclass
 class HostState:
     engines: dict[str, HostedEngine]
-    token: str
+    token: str = dataclasses.field(repr=False)
+    failed_auth: FailedAuthTable = dataclasses.field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
     claim_ttl_s: float = CLAIM_TTL_S
     heartbeat_s: float = HEARTBEAT_S
 
@@ -77,11 +83,20 @@ def _state(request: Request) -> HostState:
     return state
 
 
-def _authorized(request: Request, authorization: Annotated[str | None, Header()] = None) -> HostState:
+async def _authorized(request: Request, authorization: Annotated[str | None, Header()] = None) -> HostState:
     state = _state(request)
-    if not hmac.compare_digest(bearer(authorization).encode(), state.token.encode()):
-        raise AuthenticationFailed("Incorrect engine host token.")
-    return state
+
+    async def check() -> HostState:
+        if not token_matches(bearer(authorization), state.token):
+            raise AuthenticationFailed("Incorrect engine host token.")
+        return state
+
+    return await state.failed_auth.guarded(client_address(request), check)
+
+
+def token_matches(given: str, token: str) -> bool:
+    """Constant time, also in the length: the digests compared are equally long."""
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(token.encode()).digest())
 
 
 Host = Annotated[HostState, Depends(_authorized)]
@@ -213,7 +228,7 @@ def create_host_app(settings: Settings, token: str, engine_factory: EngineFactor
                 spec = engine.kv_spec
                 log.info("hosting %s: %d blocks x %d tokens, %d slots", model.name, spec.usable_blocks,
                          spec.block_size, spec.max_num_seqs)  # fmt: skip
-            app.state.host = HostState(engines=hosted, token=token)
+            app.state.host = HostState(engines=hosted, token=token, failed_auth=FailedAuthTable(settings.auth.failed))
             yield
         finally:
             for h in hosted.values():

@@ -11,6 +11,7 @@
      +-- MethodNotAllowed               405   invalid_request_error   method_not_allowed
      +-- ShareUnavailable               409   invalid_request_error   engine_share_unavailable
      +-- RateLimited                    429   requests | tokens       rate_limit_exceeded
+     +-- AuthThrottled                  429   invalid_request_error   too_many_failed_authentications
      |                                      insufficient_quota      insufficient_quota
      +-- SloUnattainable                429   server_overloaded       slo_unattainable
      +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
@@ -38,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
 from gateway import request_log
+from gateway.redaction import redact
 from policies.demand import Reject, RejectReason
 from policies.quotas import Deny, DenyReason
 
@@ -72,7 +74,9 @@ class GatewayError(Exception):
         self.reason: str | None = None  # the admission reason's metric label, when it is one
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        # Messages may quote the client's input (a model name, a value): never a key back.
+        param = None if self.param is None else redact(self.param)
+        return {"error": {"message": redact(self.message), "type": self.error_type, "param": param, "code": self.code}}
 
 
 class InvalidRequest(GatewayError):
@@ -137,6 +141,24 @@ class RateLimited(GatewayError):
     status = 429
     type = "requests"
     default_code = "rate_limit_exceeded"
+
+
+class AuthThrottled(GatewayError):
+    """Too many failed authentications from this client address (gateway/failed_auth.py):
+    refused, a correct key included, until the block ends."""
+
+    status = 429
+    type = "invalid_request_error"
+    default_code = "too_many_failed_authentications"
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(
+            f"Too many failed authentications from your address. Try again in {_human(retry_after_s)}.",
+            headers={
+                "Retry-After": _retry_after(retry_after_s),
+                "retry-after-ms": str(math.ceil(retry_after_s * 1000)),
+            },
+        )
 
 
 class SloUnattainable(GatewayError):

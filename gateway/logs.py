@@ -3,6 +3,7 @@ for a log pipeline, uvicorn's and vLLM's lines included."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -10,7 +11,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.redaction import redact
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RedactSecrets(logging.Filter):
+    """Key-shaped text out of every line (a key a client put in a URL's query string, a model
+    name, a header value an exception quotes): sparkgate never logs keys itself, this catches
+    what others' text carries. The arguments are redacted one by one, so formatters that
+    unpack them (uvicorn's access log) still can."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: redact(v) if isinstance(v, str) else v for k, v in record.args.items()}
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -38,6 +57,7 @@ def configure(level: str, fmt: str, cache_dir: Path) -> dict[str, Any] | None:
     """Set up the root handler; return the `log_config` uvicorn should apply (None: none, its
     loggers then reach the root handler)."""
     handler = logging.StreamHandler()
+    handler.addFilter(RedactSecrets())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -47,7 +67,11 @@ def configure(level: str, fmt: str, cache_dir: Path) -> dict[str, Any] | None:
     if fmt != "json":
         import uvicorn.config
 
-        return dict(uvicorn.config.LOGGING_CONFIG)
+        config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+        config.setdefault("filters", {})["redact"] = {"()": f"{__name__}.RedactSecrets"}
+        for h in config["handlers"].values():
+            h["filters"] = [*h.get("filters", []), "redact"]
+        return config
     logging.captureWarnings(True)  # Python warnings as log records, so JSON too
     # vLLM configures its own handler (in its engine processes too): give it this formatter.
     # What libraries print themselves stays as it is: C++ warnings, progress bars, print().
@@ -64,6 +88,14 @@ def vllm_logging_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
-        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "filters": {"redact": {"()": f"{__name__}.RedactSecrets"}},
+        "handlers": {
+            "json": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "filters": ["redact"],
+                "stream": "ext://sys.stderr",
+            }
+        },
         "loggers": {"vllm": {"handlers": ["json"], "level": level.upper(), "propagate": False}},
     }

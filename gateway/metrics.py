@@ -312,6 +312,7 @@ class LiveCollector(Collector):
             ),
         )
         yield from self._quota()
+        yield from self._auth()
         yield from self._routing()
         for m in models:
             yield from _engine_families(m.engine)
@@ -349,6 +350,21 @@ class LiveCollector(Collector):
             "Reservations served on per-process limits during an outage.",
             [],
             [([], float(qm.local_reserves))],
+        )
+
+    def _auth(self) -> Iterator[Metric]:
+        table = self.state.failed_auth
+        yield _counter(
+            "sparkgate_auth_failures",
+            "Failed authentications: no key (missing), a wrong one (invalid), refused while blocked.",
+            ["reason"],
+            (([r], float(table.failures[r])) for r in ("missing", "invalid", "blocked")),
+        )
+        yield _gauge(
+            "sparkgate_auth_blocked_clients",
+            "Client addresses blocked now for too many failed authentications.",
+            [],
+            [([], float(table.blocked_clients))],
         )
 
     def _routing(self) -> Iterator[Metric]:

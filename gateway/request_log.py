@@ -8,8 +8,9 @@ streamed to the end, or left by its client. Along the way the route notes the mo
 auth the caller, and `answer` the job and its holds (`Running`): the job's meter has the
 tokens, the first output's time and the finish reasons once the engine is done.
 
-The request id is the client's `x-request-id` when it gives a usable one (printable ASCII, at
-most 128 characters), else the job's id, else a generated one; the response carries it in
+The request id is the client's `x-request-id` when it gives a usable one (at most 128 letters,
+digits and `._:/+=@-`: nothing that could forge a field of a text log line; nothing shaped like
+an API key), else the job's id, else a generated one; the response carries it in
 `X-Request-Id`. Never logged: the API key (only its id), the prompt, the output.
 """
 
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.redaction import looks_secret, redact
+
 if TYPE_CHECKING:
     from gateway.auth import Principal
     from gateway.lifecycle import Job, Running
@@ -35,15 +38,17 @@ log = logging.getLogger("sparkgate.request")
 HEADER = "x-request-id"
 # Probes, scrapes and the dashboard's polling (every second or few).
 QUIET_PATHS = frozenset({"/health", "/ready", "/metrics", "/sparkgate/dashboard/data"})
-_USABLE_ID = re.compile(r"[\x20-\x7e]{1,128}")
+_USABLE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
 def client_request_id(value: str | None) -> str | None:
-    """The client's request id, if usable (printable ASCII, 1..128 characters)."""
+    """The client's request id, if usable (1..128 of `A-Za-z0-9._:/+=@-`, not key-shaped);
+    else None, and the gateway makes its own: an id is echoed and logged, so it must not
+    carry a secret or break the log line."""
     if value is None:
         return None
     value = value.strip()
-    return value if _USABLE_ID.fullmatch(value) else None
+    return value if _USABLE_ID.fullmatch(value) and not looks_secret(value) else None
 
 
 @dataclass
@@ -87,7 +92,7 @@ class RequestLog:
             "key_id": None if p is None else p.key_id,
             "user": None if p is None else p.name,
             "team": None if p is None else p.team,
-            "model": self.model,
+            "model": None if self.model is None else redact(self.model),  # the client's text
             "served_model": None if job is None else job.served.name,
             "slo_class": None if job is None or job.route is None else job.route.slo,
             "stream": None if job is None else job.stream,

@@ -7,6 +7,7 @@ Environment variables override YAML: `SPARKGATE_SERVER__PORT=9000`,
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -50,6 +51,9 @@ class CorsSettings(_Model):
 
     allow_origins: tuple[str, ...] = ()  # e.g. ["https://chat.example.com"]; "*" for any
     allow_headers: tuple[str, ...] = ("Authorization", "Content-Type", "X-Request-Id")
+    allow_methods: tuple[str, ...] = ("GET", "POST", "DELETE", "OPTIONS")
+    # Response headers a page's script may read (the SDK's retry logic reads Retry-After).
+    expose_headers: tuple[str, ...] = ("X-Request-Id", "Retry-After", "retry-after-ms")
     max_age_s: int = Field(600, ge=0)
 
 
@@ -68,6 +72,20 @@ class ServerSettings(_Model):
     # (new requests get 503 meanwhile); a second SIGTERM aborts them at once.
     drain_grace_s: float = Field(30.0, ge=0)
     cors: CorsSettings = CorsSettings()
+    # Proxies (addresses or networks) whose X-Forwarded-For names the client: failed-auth
+    # throttling and /metrics' loopback check then see the client, not the proxy. Empty: the
+    # socket's peer is the client and X-Forwarded-For is ignored (anyone could forge it).
+    trusted_proxies: tuple[str, ...] = ()
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {p!r} is not an IP address or network") from None
+        return v
 
 
 PriorityClass = Literal["interactive", "batch"]
@@ -139,6 +157,8 @@ class FailedAuthSettings(_Model):
     max_failures: int = Field(20, ge=1)  # within window_s; then 429 until block_s has passed
     window_s: float = Field(60.0, gt=0)
     block_s: float = Field(60.0, gt=0)
+    # Clients remembered at once (memory stays bounded whatever addresses an attacker uses).
+    max_clients: int = Field(10_000, ge=1)
 
 
 class AuthSettings(_Model):
@@ -402,7 +422,7 @@ class MetricsSettings(_Model):
     enabled: bool = True  # false: /metrics answers 404 and no request is measured
     # Unset: only loopback clients may scrape, without a key. Set: anyone with
     # `Authorization: Bearer <token>`, and nobody without it.
-    token: str | None = None
+    token: str | None = Field(None, repr=False)
     # Distinct `user` label values; users beyond these are counted as `other`.
     max_users: int = Field(50, ge=1)
 

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.dashboard import Recent
+from gateway.failed_auth import FailedAuthTable
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
 from gateway.router import Router
-from gateway.settings import Settings
+from gateway.settings import FailedAuthSettings, Settings
 
 
 @dataclass
@@ -42,3 +43,5 @@ class AppState:
     # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).
     recent: Recent = field(default_factory=Recent)
     metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)
+    # Failed authentications per client address; the app's lifespan builds it from auth.failed.
+    failed_auth: FailedAuthTable = field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))

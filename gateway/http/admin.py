@@ -5,6 +5,10 @@ GET    /sparkgate/admin/keys            list keys (never their hashes)
 DELETE /sparkgate/admin/keys/{id}       revoke (store keys; config keys live in the config)
 GET    /sparkgate/admin/usage?key_id=|user=|team=
 GET    /sparkgate/usage                 the calling key's own usage and limits
+
+Every route under /sparkgate/admin, and any path there that is no route, goes through
+`admin_router`, whose dependency checks the admin key before anything else runs: a route
+added later cannot forget it. No key or an unknown one: 401; a user's key: 403.
 """
 
 from __future__ import annotations
@@ -13,18 +17,19 @@ import secrets
 import time
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest, RouteNotFound
-from gateway.http.deps import Admin, Caller, State
+from gateway.http.deps import Caller, State, get_admin
 from gateway.quota import KeyRecord, ScopeUsage
 from gateway.router import unknown_slo_class
 from gateway.settings import KeyLimits, hash_key
 from gateway.state import AppState
 
 router = APIRouter(prefix="/sparkgate")
+admin_router = APIRouter(prefix="/sparkgate/admin", dependencies=[Depends(get_admin)])
 
 NAME = r"^[A-Za-z0-9_.@-]{1,64}$"
 KEY_PREFIX = "sk-sg-"
@@ -74,8 +79,8 @@ async def _key(state: AppState, key_id: str) -> KeyRecord:
     return record
 
 
-@router.post("/admin/keys", status_code=201)
-async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONResponse:
+@admin_router.post("/keys", status_code=201)
+async def create_key(body: KeyCreate, state: State) -> JSONResponse:
     if body.team is not None and state.settings.quotas.team(body.team) is None:
         known = ", ".join(t.name for t in state.settings.quotas.teams) or "none configured"
         raise InvalidRequest(f"Unknown team {body.team!r} (teams: {known}).", param="team", code="unknown_team")
@@ -102,13 +107,13 @@ async def create_key(body: KeyCreate, state: State, admin: Admin) -> JSONRespons
     return JSONResponse(_public(record) | {"key": key}, status_code=201)
 
 
-@router.get("/admin/keys")
-async def list_keys(state: State, admin: Admin) -> dict[str, Any]:
+@admin_router.get("/keys")
+async def list_keys(state: State) -> dict[str, Any]:
     return {"object": "list", "data": [_public(k) for k in await _all_keys(state)]}
 
 
-@router.delete("/admin/keys/{key_id}")
-async def revoke_key(key_id: str, state: State, admin: Admin) -> dict[str, Any]:
+@admin_router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, state: State) -> dict[str, Any]:
     record = await _key(state, key_id)
     if record.source == "config":
         raise InvalidRequest(f"Key {key_id!r} is defined in the config file; remove it there.", code="config_key")
@@ -118,10 +123,9 @@ async def revoke_key(key_id: str, state: State, admin: Admin) -> dict[str, Any]:
     return _public(record) | {"revoked": True}
 
 
-@router.get("/admin/usage")
+@admin_router.get("/usage")
 async def admin_usage(
     state: State,
-    admin: Admin,
     key_id: str | None = Query(None),
     user: str | None = Query(None),
     team: str | None = Query(None),
@@ -134,6 +138,15 @@ async def admin_usage(
     if kind == "key":
         body["key"] = _public(await _key(state, value))
     return body
+
+
+@admin_router.api_route(
+    "/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"], include_in_schema=False
+)
+async def admin_unknown(path: str) -> None:
+    """Last in the admin router: an unknown admin path is 401/403 to non-admins (it reveals
+    nothing about which admin routes exist), 404 to an admin."""
+    raise RouteNotFound("Unknown request URL. Please check the URL and method.")
 
 
 @router.get("/usage")

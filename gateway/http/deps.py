@@ -1,4 +1,7 @@
-"""FastAPI dependencies as Annotated aliases: state from the app, auth from headers."""
+"""FastAPI dependencies as Annotated aliases: state from the app, auth from headers.
+
+Every key check goes through the failed-authentication table (gateway/failed_auth.py): a
+client blocked for too many failures gets 429 before its key is looked at."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from fastapi import Depends, Header, Request
 from gateway import request_log
 from gateway.auth import Principal
 from gateway.state import AppState
+from policies.failed_auth import client_key
 
 
 def get_state(request: Request) -> AppState:
@@ -16,15 +20,25 @@ def get_state(request: Request) -> AppState:
     return state
 
 
+def client_address(request: Request) -> str:
+    """Whose failures count: the socket's peer, or the client a trusted proxy names (uvicorn
+    rewrites the peer from X-Forwarded-For for `server.trusted_proxies` only)."""
+    return client_key(request.client.host if request.client is not None else None)
+
+
 async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    principal = await get_state(request).keys.authenticate(authorization)
+    state = get_state(request)
+    principal = await state.failed_auth.guarded(client_address(request), lambda: state.keys.authenticate(authorization))
     request.state.user = principal.name  # for the dashboard's rejections (gateway/errors.py)
     request_log.note_caller(request, principal)
     return principal
 
 
 async def get_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
-    return await get_state(request).keys.authenticate_admin(authorization)
+    state = get_state(request)
+    return await state.failed_auth.guarded(
+        client_address(request), lambda: state.keys.authenticate_admin(authorization)
+    )
 
 
 State = Annotated[AppState, Depends(get_state)]

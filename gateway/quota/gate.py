@@ -31,6 +31,7 @@ from gateway.errors import QuotaUnavailable, from_quota_refusal
 from gateway.quota.memory import MemoryQuotaStore
 from gateway.quota.redis_store import RedisQuotaStore
 from gateway.quota.store import KeyRecord, QuotaStore, Refused, Reserved, ScopeUsage
+from gateway.redaction import redacted_url
 from gateway.settings import KeyLimits, PooledLimits, QuotaSettings
 from policies.quotas import Limits
 
@@ -157,7 +158,7 @@ class QuotaGate:
         if self.shared:
             try:
                 await self.store.ping()
-                log.info("quota store: redis at %s", self.settings.redis_url)
+                log.info("quota store: redis at %s", redacted_url(self.settings.redis_url))
             except _store_errors() as e:
                 self._mark_down(e)
         self._background = asyncio.create_task(self._maintain())

@@ -13,9 +13,13 @@ from gateway.logs import JsonFormatter
 from gateway.request_log import RequestLog, client_request_id
 
 
-def test_a_client_request_id_is_used_only_when_printable_and_short() -> None:
+def test_a_client_request_id_is_used_only_when_safe_and_short() -> None:
     assert client_request_id("abc-123") == "abc-123"
-    assert client_request_id("  spaced id  ") == "spaced id"
+    assert client_request_id("  4f1c:run/7+a=b@x.y_z  ") == "4f1c:run/7+a=b@x.y_z"
+    assert client_request_id("spaced id") is None
+    assert client_request_id("x status=200 user=admin") is None  # would forge a text log's fields
+    assert client_request_id('x"}') is None
+    assert client_request_id("sk-proj-abcdefgh1234") is None  # key-shaped: never echoed or logged
     assert client_request_id("x" * 128) == "x" * 128
     assert client_request_id("x" * 129) is None
     assert client_request_id("") is None
