@@ -140,3 +140,23 @@ def test_a_signal_while_starting_stops_once_started_without_killing(sig: signal.
     server = DrainingServer(uvicorn.Config(Starlette()), Drain())
     server.handle_exit(sig, None)
     assert server.should_exit and server._captured_signals == []
+
+
+def test_docker_gives_the_drain_its_time() -> None:
+    """Docker sends SIGTERM to sparkgate itself and waits longer than the drain's grace
+    before its SIGKILL (which would cut the streams the drain is finishing)."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from gateway.settings import ServerSettings
+
+    root = Path(__file__).resolve().parents[2]
+    service = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["sparkgate"]
+    grace = re.fullmatch(r"(\d+)s", service["stop_grace_period"])
+    assert grace is not None and int(grace.group(1)) >= ServerSettings().drain_grace_s + 10
+    assert service["init"] is True and service.get("stop_signal", "SIGTERM") == "SIGTERM"
+    cmd = next(line for line in (root / "Dockerfile").read_text().splitlines() if line.startswith("CMD "))
+    assert isinstance(json.loads(cmd.removeprefix("CMD ")), list)  # exec form: no shell in between
