@@ -7,4 +7,7 @@ COPY . .
 RUN make setup models
 ENV SPARKGATE_SERVER__HOST=0.0.0.0
 EXPOSE 8000
+# Exec form: SIGTERM reaches sparkgate itself (not a shell), which drains before it exits;
+# give it longer than server.drain_grace_s to do so (compose's stop_grace_period: 45s).
+STOPSIGNAL SIGTERM
 CMD [".venv/bin/sparkgate", "serve", "--config", "config/default.yaml"]

@@ -17,8 +17,9 @@ from engine_adapter.paced import paced
 from gateway import errors, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
-from gateway.http import admin, dashboard, openai, ops, responses_api
+from gateway.http import admin, dashboard, draining, openai, ops, responses_api
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
@@ -165,7 +166,10 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) -> FastAPI:
+def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None) -> FastAPI:
+    """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py)."""
+    drain = Drain(settings.server.drain_grace_s) if drain is None else drain
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served: list[ServedModel] = []
@@ -192,14 +196,14 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
                 responses=stored,
                 metrics=Metrics(settings.metrics) if settings.metrics.enabled else None,
                 failed_auth=FailedAuthTable(settings.auth.failed),
+                drain=drain,
             )
             if state.metrics is not None:
                 state.metrics.bind(state)
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
-            if (started := getattr(app.state, "sparkgate", None)) is not None:
-                started.draining = True  # /ready: 503 while the engines shut down
+            drain.begin()  # /ready: 503 while the engines shut down
             for m in served:
                 await m.engine.shutdown()
             await quota.close()
@@ -208,6 +212,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine) 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(draining.DrainingMiddleware, drain=drain)  # inside the log: its 503s are logged
     cors = settings.server.cors
     if cors.allow_origins:  # off by default: browsers' same-origin rule then holds
         app.add_middleware(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from gateway.drain import Drain
     from gateway.settings import Settings
 
 app = typer.Typer(
@@ -59,7 +60,7 @@ def _settings_to_serve(config: Path) -> Settings:
 
 def _run(
     settings: Settings,
-    app_factory: Callable[[Settings], Any],
+    app_factory: Callable[[Settings, Drain], Any],
     host: str | None,
     port: int | None,
     access_log: bool = True,
@@ -67,6 +68,7 @@ def _run(
     import uvicorn
 
     from gateway import runtime_env
+    from gateway.drain import SHUTDOWN_WAIT_S, Drain, DrainingServer
 
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     from gateway import logs
@@ -75,18 +77,20 @@ def _run(
     log_config = logs.configure(server.log_level, server.log_format, cache)
     runtime_env.configure(cache)
     sock = _bind(server.host, server.port)
+    drain = Drain(server.drain_grace_s)
     config = uvicorn.Config(
-        app_factory(settings),
+        app_factory(settings, drain),
         host=server.host,
         port=server.port,
         log_level=server.log_level,
-        timeout_graceful_shutdown=5,
+        # SIGTERM drains first (gateway/drain.py); this is only uvicorn's last wait after it.
+        timeout_graceful_shutdown=int(SHUTDOWN_WAIT_S),
         timeout_keep_alive=int(server.keep_alive_s),
         access_log=access_log,
         log_config=log_config,
         **proxy_options(server.trusted_proxies),
     )
-    server_ = uvicorn.Server(config)
+    server_ = DrainingServer(config, drain)  # SIGTERM or Ctrl-C: drained, then a clean return (exit 0)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
         server_.run(sockets=[sock])
     if not server_.started:
@@ -128,10 +132,10 @@ def serve(
     """Start the engines and serve the OpenAI API."""
     settings = _settings_to_serve(config)
 
-    def factory(s: Settings) -> Any:
+    def factory(s: Settings, drain: Drain) -> Any:
         from gateway.app import create_app
 
-        return create_app(s)
+        return create_app(s, drain=drain)
 
     _run(settings, factory, host, port)
 
@@ -156,10 +160,10 @@ def engine_host(
         typer.echo(f"sparkgate: cannot host engines: {', '.join(remote)} are remote here", err=True)
         raise typer.Exit(2)
 
-    def factory(s: Settings) -> Any:
+    def factory(s: Settings, drain: Drain) -> Any:
         from gateway.engine_host import create_host_app
 
-        return create_host_app(s, token)
+        return create_host_app(s, token, drain=drain)
 
     # No access log: every gateway polls stats several times a second.
     _run(settings, factory, host, port, access_log=False)

@@ -20,6 +20,12 @@ gateways (the host is not for clients), and `X-Sparkgate-Gateway: <id>`, the cal
 gateway's per-process id. The token is compared in constant time, never shown in a repr or a
 log, and wrong tokens count toward the caller's failed-auth block (`auth.failed`), as at the
 gateway.
+
+SIGTERM drains the host as the gateway's own (gateway/drain.py): new claims and generate
+calls get 503 `server_shutting_down`, stats and claims say the engine is unhealthy (the
+gateways stop sending it work), running streams finish within `server.drain_grace_s`, then
+the rest are aborted (the engine's "abort" ends each) and the host exits 0. Stats, aborts and
+claim releases stay served meanwhile.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Scope
 
 from engine_adapter.base import Engine, EngineError, EngineRequestInvalid
 from engine_adapter.hf_tokenizer import fingerprint
@@ -44,9 +51,17 @@ from engine_adapter.wire import Claim, EngineInfo, GenerateFrame, StatsFrame, ch
 from gateway import errors
 from gateway.app import EngineFactory, vllm_engine
 from gateway.auth import bearer
-from gateway.errors import AuthenticationFailed, EngineUnavailableError, ModelNotFound, ShareUnavailable
+from gateway.drain import Drain
+from gateway.errors import (
+    AuthenticationFailed,
+    EngineUnavailableError,
+    GatewayError,
+    ModelNotFound,
+    ShareUnavailable,
+)
 from gateway.failed_auth import FailedAuthTable
 from gateway.http.deps import client_address
+from gateway.http.draining import DrainingMiddleware
 from gateway.settings import FailedAuthSettings, Settings
 from policies import shares
 
@@ -70,6 +85,11 @@ class HostState:
     failed_auth: FailedAuthTable = dataclasses.field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
     claim_ttl_s: float = CLAIM_TTL_S
     heartbeat_s: float = HEARTBEAT_S
+    drain: Drain = dataclasses.field(default_factory=Drain)
+
+    def healthy(self, hosted: HostedEngine) -> bool:
+        """What the gateways are told: a draining host's engines take no new work."""
+        return hosted.engine.is_healthy and not self.drain.draining
 
     def hosted(self, model: str) -> HostedEngine:
         try:
@@ -133,7 +153,7 @@ async def claim(model: str, body: Claim, state: Host, gateway: Gateway) -> Engin
         name=model,
         kv_spec=spec,
         pool_blocks=engine.kv_spec.usable_blocks,
-        healthy=engine.is_healthy,
+        healthy=state.healthy(hosted),
         tokenizer_fingerprint=hosted.tokenizer_fingerprint,
     )
 
@@ -152,7 +172,21 @@ async def stats(model: str, state: Host, gateway: Gateway) -> StatsFrame:
     if isinstance(renewed, shares.Refused):
         raise ShareUnavailable(f"Engine {model}: {renewed.message}; claim it again.")
     hosted.claims = renewed
-    return StatsFrame(stats=hosted.engine.stats(), healthy=hosted.engine.is_healthy)
+    return StatsFrame(stats=hosted.engine.stats(), healthy=state.healthy(hosted))
+
+
+@dataclasses.dataclass(eq=False)
+class _Stream:
+    """A generate call, for the drain: aborting it aborts its engine request, whose last
+    chunk ("abort") then ends the stream."""
+
+    engine: Engine
+    request_id: str
+    aborting: asyncio.Future[None] | None = None
+
+    def abort(self, error: GatewayError) -> None:
+        if self.aborting is None:
+            self.aborting = asyncio.ensure_future(self.engine.abort(self.request_id))
 
 
 def _engine_request_id(gateway: str, request_id: str) -> str:
@@ -188,6 +222,7 @@ async def generate(model: str, body: GenerateFrame, state: Host, gateway: Gatewa
             await queue.put(None)
 
         task = asyncio.create_task(pump())
+        untrack = state.drain.track(_Stream(hosted.engine, request.request_id))
         try:
             while True:
                 try:
@@ -199,6 +234,7 @@ async def generate(model: str, body: GenerateFrame, state: Host, gateway: Gatewa
                     return
                 yield line
         finally:
+            untrack()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -213,9 +249,17 @@ async def abort(model: str, request_id: str, state: Host, gateway: Gateway) -> d
     return {"aborted": True}
 
 
-def create_host_app(settings: Settings, token: str, engine_factory: EngineFactory = vllm_engine) -> FastAPI:
+def host_refuses(scope: Scope) -> bool:
+    """New work while draining: claims and generate calls (stats, aborts, releases go on)."""
+    return scope["method"] == "POST" and str(scope["path"]).endswith(("/claim", "/generate"))
+
+
+def create_host_app(
+    settings: Settings, token: str, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None
+) -> FastAPI:
     """Start every model of the config as a bare engine; no admission, quotas or routing
     here: those belong to the gateways that claim the engines."""
+    drain = Drain(settings.server.drain_grace_s) if drain is None else drain
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -228,7 +272,9 @@ def create_host_app(settings: Settings, token: str, engine_factory: EngineFactor
                 spec = engine.kv_spec
                 log.info("hosting %s: %d blocks x %d tokens, %d slots", model.name, spec.usable_blocks,
                          spec.block_size, spec.max_num_seqs)  # fmt: skip
-            app.state.host = HostState(engines=hosted, token=token, failed_auth=FailedAuthTable(settings.auth.failed))
+            app.state.host = HostState(
+                engines=hosted, token=token, failed_auth=FailedAuthTable(settings.auth.failed), drain=drain
+            )
             yield
         finally:
             for h in hosted.values():
@@ -236,5 +282,6 @@ def create_host_app(settings: Settings, token: str, engine_factory: EngineFactor
 
     app = FastAPI(title="sparkgate engine host", version="0.1.0", lifespan=lifespan)
     errors.install(app)
+    app.add_middleware(DrainingMiddleware, drain=drain, refuses=host_refuses)
     app.include_router(router)
     return app

@@ -18,6 +18,7 @@
      +-- QuotaUnavailable               503   server_error            quota_unavailable
      +-- EngineUnavailableError         503   server_error            engine_unavailable
      +-- StoreUnavailable               503   server_error            store_unavailable
+     +-- ShuttingDown                   503   server_error            server_shutting_down
      +-- InternalError                  500   server_error            internal_error
 
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
@@ -202,6 +203,15 @@ class StoreUnavailable(GatewayError):
     status = 503
     type = "server_error"
     default_code = "store_unavailable"
+
+
+class ShuttingDown(GatewayError):
+    """The server is draining (SIGTERM, gateway/drain.py): no new work, or this request
+    was aborted at the end of the drain."""
+
+    status = 503
+    type = "server_error"
+    default_code = "server_shutting_down"
 
 
 class InternalError(GatewayError):

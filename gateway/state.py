@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.dashboard import Recent
+from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
@@ -37,7 +38,9 @@ class AppState:
     admission: AdmissionControl
     quota: QuotaGate
     router: Router | None = None  # latency-SLO routing (settings.routing.enabled)
-    draining: bool = False  # shutting down: /ready says 503 so load balancers stop sending
+    # SIGTERM's drain (gateway/drain.py): while it runs, new requests get 503 and /ready says
+    # 503 so load balancers stop sending; it aborts the running requests it tracks.
+    drain: Drain = field(default_factory=Drain)
     # Stored responses (/v1/responses); the app's lifespan builds it from the settings.
     responses: ResponseStore = field(default_factory=lambda: MemoryResponseStore(ttl_s=3600, max_stored=1000))
     # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).
@@ -45,3 +48,7 @@ class AppState:
     metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)
     # Failed authentications per client address; the app's lifespan builds it from auth.failed.
     failed_auth: FailedAuthTable = field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.draining

@@ -196,8 +196,15 @@ def launch(
         yield Server(base_url=base, log_path=log_path, proc=proc)
     finally:
         _live_logs.remove(log_path)
+        # The first SIGINT drains (gateway/drain.py): requests a test left running may go on
+        # for the grace; a second one aborts them, so a teardown never waits that out.
         with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
             os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # the server only, not its engines
+                os.kill(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -26,6 +26,7 @@ from typing import Any
 from engine_adapter.base import EngineChunk
 from gateway import dashboard
 from gateway.admission import Ticket
+from gateway.drain import shutting_down
 from gateway.errors import GatewayError
 from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
@@ -79,6 +80,8 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     try:
         if flight is not None:
             await _route_hold(job, flight)
+        if state.drain.draining:  # it arrived as the drain began: not worth queueing
+            raise shutting_down()
         ticket = await _admit(wanted, state, client_gone)
     except BaseException as e:
         hold.release()
@@ -116,20 +119,22 @@ async def _route_hold(job: Job, flight: Flight) -> None:
 
 
 async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ticket:
-    """Wait for the job's turn (KV room, a slot, fairness), or for the client to leave."""
+    """Wait for the job's turn (KV room, a slot, fairness), for the client to leave, or for
+    the server to begin draining (a queued request then gets 503 at once: nothing was
+    generated for it, so its retry loses nothing, and the drain waits only for work begun)."""
     acquire = asyncio.ensure_future(state.admission.acquire(wanted))
     watcher = asyncio.ensure_future(client_gone())
+    stopped = asyncio.ensure_future(state.drain.stopped())
     try:
-        await asyncio.wait([acquire, watcher], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([acquire, watcher, stopped], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not acquire.done():
-            acquire.cancel()  # gives the queue place (or a just-granted admission) back
-            with contextlib.suppress(BaseException):
-                await acquire
-        if not watcher.done():
-            watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
+        for waiting in (acquire, watcher, stopped):
+            if not waiting.done():
+                waiting.cancel()  # acquire's gives the queue place (or a just-granted admission) back
+                with contextlib.suppress(BaseException):
+                    await waiting
+    if stopped.done() and not stopped.cancelled() and not (acquire.done() and not acquire.cancelled()):
+        raise shutting_down()
     if watcher.done() and not watcher.cancelled():
         # The client left. The cancel may have lost a race with the admission: give it back.
         if not acquire.cancelled() and acquire.exception() is None:
@@ -155,6 +160,10 @@ class Running:
         self.returned = False  # the client got the whole answer (and its usage)
         self.failed = False  # an error ended the answer (else, unreturned: the client left)
         self._released = False
+        # Set by `abort` (the drain's end): the error the answer ends with instead.
+        self.stopped: GatewayError | None = None
+        self._aborting: asyncio.Task[None] | None = None
+        self._untrack = state.drain.track(self)  # last: the drain may abort it at once
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         log.info(
@@ -169,10 +178,27 @@ class Running:
             ticket.waited_s,
         )
 
+    def abort(self, error: GatewayError) -> None:
+        """End the answer with `error` (a stream in-band, a body as the response): its
+        engine requests are aborted, and the engine's "abort" ends their output."""
+        if self._released or self.stopped is not None:
+            return
+        self.stopped = error
+        log.info("%s: aborted: %s", self.job.id, error.message)
+
+        async def abort_engine() -> None:
+            try:
+                await generate.abort(self.job)
+            except Exception as e:  # closing its stream aborts it too
+                log.warning("%s: engine abort failed: %s", self.job.id, e)
+
+        self._aborting = asyncio.ensure_future(abort_engine())
+
     def release(self) -> None:
         if self._released:
             return
         self._released = True
+        self._untrack()
         self.ticket.release()
         if self.flight is not None:
             self.flight.finish()
@@ -203,7 +229,27 @@ class Running:
     def _chunks(self) -> AsyncGenerator[tuple[int, EngineChunk], None]:
         bs = self.job.served.engine.kv_spec.block_size
         ticket = self.ticket
-        return generate.run(self.job, on_prefill=lambda cached: ticket.prefilled(cached // bs), flight=self.flight)
+        chunks = generate.run(self.job, on_prefill=lambda cached: ticket.prefilled(cached // bs), flight=self.flight)
+        return self._stoppable(chunks)
+
+    async def _stoppable(
+        self, chunks: AsyncGenerator[tuple[int, EngineChunk], None]
+    ) -> AsyncGenerator[tuple[int, EngineChunk], None]:
+        """The engine's output until `abort`: then `stopped` is raised, not the engine's
+        own "aborted" error (the encoders report it, in-band for a stream)."""
+        try:
+            if self.stopped is not None:
+                raise self.stopped  # aborted before its engine requests started
+            async for item in chunks:
+                if self.stopped is not None:
+                    raise self.stopped
+                yield item
+        except Exception as e:
+            if self.stopped is not None and e is not self.stopped:
+                raise self.stopped from None
+            raise
+        finally:
+            await chunks.aclose()  # aborts engine requests still running
 
     @contextlib.asynccontextmanager
     async def _watched(self) -> AsyncIterator[asyncio.Future[None]]:
@@ -240,6 +286,10 @@ class Running:
                     if watcher.done():
                         return
                     yield line
+            if self.stopped is not None:  # the drain cut it: its error event was the end
+                self.failed = True
+                self.state.counters.failed += 1
+                return
             self.state.counters.completed += 1
             self.returned = True
         except Exception:
