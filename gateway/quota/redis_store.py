@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -49,7 +49,14 @@ class RedisQuotaStore:
     """Quota counters and keys in Redis, every decision one atomic Lua script."""
 
     def __init__(
-        self, url: str, *, prefix: str = "sg:", window_s: float = 60.0, lease_s: float = 30.0, timeout_s: float = 0.5
+        self,
+        url: str,
+        *,
+        prefix: str = "sg:",
+        window_s: float = 60.0,
+        lease_s: float = 30.0,
+        timeout_s: float = 0.5,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
@@ -74,12 +81,18 @@ class RedisQuotaStore:
         self.prefix = prefix
         self.window_ms = int(window_s * 1000)
         self.lease_ms = int(lease_s * 1000)
+        # Epoch ms for every script instead of Redis's TIME: lets tests step time instead of
+        # sleeping through windows and leases (MemoryQuotaStore takes the same clock).
+        self._clock = clock
         # register_script: EVALSHA, reloading the script itself after a Redis restart (NOSCRIPT).
         self._reserve = self._redis.register_script(_script("reserve"))
         self._settle = self._redis.register_script(_script("settle"))
         self._renew = self._redis.register_script(_script("renew"))
         self._sweep = self._redis.register_script(_script("sweep"))
         self._usage = self._redis.register_script(_script("usage"))
+
+    def _now(self) -> list[str]:
+        return [] if self._clock is None else [str(self._clock())]
 
     @property
     def client(self) -> Any:
@@ -97,7 +110,7 @@ class RedisQuotaStore:
                 _lim(lim.monthly_tokens),
                 _lim(lim.max_concurrency),
             ]
-        out = await self._reserve(args=args)
+        out = await self._reserve(keys=self._now(), args=args)
         if int(out[0]) == 1:
             return Reserved(rid, tuple(s for s, _ in scopes), cost, int(out[1]), int(out[2]), int(out[3]))
         _, index, label, retry, limit, current = out
@@ -116,18 +129,18 @@ class RedisQuotaStore:
             r.month,
             *r.scopes,
         ]
-        return int(await self._settle(args=args)) != 0
+        return int(await self._settle(keys=self._now(), args=args)) != 0
 
     async def renew(self, rids: Sequence[str]) -> list[str]:
         if not rids:
             return []
-        return list(await self._renew(args=[self.prefix, self.lease_ms, *rids]))
+        return list(await self._renew(keys=self._now(), args=[self.prefix, self.lease_ms, *rids]))
 
     async def sweep(self) -> int:
-        return int(await self._sweep(args=[self.prefix, KEEP_DAY_S, KEEP_MONTH_S]))
+        return int(await self._sweep(keys=self._now(), args=[self.prefix, KEEP_DAY_S, KEEP_MONTH_S]))
 
     async def usage(self, scope: str) -> ScopeUsage:
-        out = [int(x) for x in await self._usage(args=[self.prefix, scope, self.window_ms])]
+        out = [int(x) for x in await self._usage(keys=self._now(), args=[self.prefix, scope, self.window_ms])]
         day, month, live, wreq, wtok = out[:5]
         return ScopeUsage(
             scope=scope,

@@ -1,11 +1,13 @@
 """One suite, two stores: MemoryQuotaStore and RedisQuotaStore (a real redis-server)
-must give the same answers, including under concurrency and when leases run out."""
+must give the same answers, including under concurrency and when leases run out.
+
+Time is a stepped clock shared by the test and both stores (for Redis, passed to its scripts):
+windows pass and leases run out when a test says so, never because the machine was slow."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -21,15 +23,34 @@ WINDOW_S = 1.0
 LEASE_S = 0.4
 _ids = itertools.count()
 
+
+class SteppedClock:
+    """Epoch milliseconds that move only when told (noon UTC, 2026-06-15, to start)."""
+
+    def __init__(self) -> None:
+        self.ms = 1_781_524_800_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, seconds: float) -> None:
+        self.ms += round(seconds * 1000)
+
+
+@pytest.fixture
+def clock() -> SteppedClock:
+    return SteppedClock()
+
+
 StoreFactory = Callable[[], Awaitable[QuotaStore]]
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+async def make_store(request: pytest.FixtureRequest, clock: SteppedClock) -> AsyncIterator[StoreFactory]:
     """Stores sharing one state: for Redis, separate clients (as separate replicas) on one prefix."""
     made: list[QuotaStore] = []
     if request.param == "memory":
-        shared = MemoryQuotaStore(window_s=WINDOW_S, lease_s=LEASE_S)
+        shared = MemoryQuotaStore(window_s=WINDOW_S, lease_s=LEASE_S, clock=clock)
 
         async def factory() -> QuotaStore:
             return shared
@@ -39,7 +60,9 @@ async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFacto
         prefix = f"t{uuid.uuid4().hex[:8]}:"
 
         async def factory() -> QuotaStore:
-            s = RedisQuotaStore(redis_server.url, prefix=prefix, window_s=WINDOW_S, lease_s=LEASE_S, timeout_s=5)
+            s = RedisQuotaStore(
+                redis_server.url, prefix=prefix, window_s=WINDOW_S, lease_s=LEASE_S, timeout_s=5, clock=clock
+            )
             made.append(s)
             return s
 
@@ -64,7 +87,7 @@ async def refused(store: QuotaStore, scopes: list[tuple[str, Limits]], cost: int
     return out
 
 
-async def test_settle_charges_actual_and_refunds_the_rest(make_store: StoreFactory) -> None:
+async def test_settle_charges_actual_and_refunds_the_rest(make_store: StoreFactory, clock: SteppedClock) -> None:
     store = await make_store()
     r = await ok(store, [("key:a", Limits(daily_tokens=1000))], 100)
     u = await store.usage("key:a")
@@ -73,11 +96,7 @@ async def test_settle_charges_actual_and_refunds_the_rest(make_store: StoreFacto
     u = await store.usage("key:a")
     assert (u.day.reserved_tokens, u.day.prompt_tokens, u.day.completion_tokens, u.day.requests) == (0, 30, 20, 1)
     assert (u.month.used, u.month.requests, u.live, u.window_requests, u.window_tokens) == (50, 1, 0, 1, 50)
-    assert u.day.label == quotas.day_label(quotas.day_index(quotas_now()))
-
-
-def quotas_now() -> int:
-    return time.time_ns() // 1_000_000
+    assert u.day.label == quotas.day_label(quotas.day_index(clock()))
 
 
 async def test_release_counts_nothing(make_store: StoreFactory) -> None:
@@ -88,7 +107,7 @@ async def test_release_counts_nothing(make_store: StoreFactory) -> None:
     assert (u.day.requests, u.day.used, u.day.reserved_tokens, u.window_requests, u.live) == (0, 0, 0, 0, 0)
 
 
-async def test_daily_budget_in_flight_then_exhausted(make_store: StoreFactory) -> None:
+async def test_daily_budget_in_flight_then_exhausted(make_store: StoreFactory, clock: SteppedClock) -> None:
     store = await make_store()
     scopes = [("key:a", Limits(daily_tokens=1000))]
     held = [await ok(store, scopes, 100) for _ in range(10)]
@@ -101,7 +120,7 @@ async def test_daily_budget_in_flight_then_exhausted(make_store: StoreFactory) -
     hard = await refused(store, scopes, 1)
     assert hard.deny.reason is DenyReason.DAILY and hard.deny.reason.code == "insufficient_quota"
     assert 0 < hard.deny.retry_after_ms <= quotas.DAY_MS
-    assert abs(hard.deny.retry_after_ms - (quotas.day_end_ms(quotas_now()) - quotas_now())) < 5000
+    assert hard.deny.retry_after_ms == quotas.day_end_ms(clock()) - clock()
 
 
 async def test_settling_below_the_reservation_makes_room(make_store: StoreFactory) -> None:
@@ -114,7 +133,7 @@ async def test_settling_below_the_reservation_makes_room(make_store: StoreFactor
     assert (await refused(store, scopes, 51)).deny.reason is DenyReason.MONTHLY_IN_FLIGHT
 
 
-async def test_rpm_sliding_window_and_retry_after(make_store: StoreFactory) -> None:
+async def test_rpm_sliding_window_and_retry_after(make_store: StoreFactory, clock: SteppedClock) -> None:
     store = await make_store()
     scopes = [("key:a", Limits(rpm=3))]
     for _ in range(3):
@@ -122,7 +141,9 @@ async def test_rpm_sliding_window_and_retry_after(make_store: StoreFactory) -> N
     d = (await refused(store, scopes, 1)).deny
     assert d.reason is DenyReason.RPM and d.reason.code == "rate_limit_exceeded" and d.limit == 3
     assert 0 < d.retry_after_ms <= WINDOW_S * 1000
-    await asyncio.sleep(d.retry_after_ms / 1000 + 0.05)
+    clock.advance(d.retry_after_ms / 1000 - 0.001)
+    assert (await refused(store, scopes, 1)).deny.reason is DenyReason.RPM  # not a moment early
+    clock.advance(0.001)
     await ok(store, scopes, 1)  # the oldest entry left the window exactly when promised
 
 
@@ -161,11 +182,13 @@ async def test_team_pool_spans_keys_and_refusal_charges_nothing(make_store: Stor
     assert (u.day.reserved_tokens, u.window_requests, u.live) == (0, 0, 0)
 
 
-async def test_expired_lease_is_released_and_a_late_settle_still_counts(make_store: StoreFactory) -> None:
+async def test_expired_lease_is_released_and_a_late_settle_still_counts(
+    make_store: StoreFactory, clock: SteppedClock
+) -> None:
     store = await make_store()
     scopes = [("key:a", Limits(max_concurrency=1, daily_tokens=1000))]
     r = await ok(store, scopes, 500)
-    await asyncio.sleep(LEASE_S + 0.1)  # the replica holding it "crashed": no renewals
+    clock.advance(LEASE_S + 0.1)  # the replica holding it "crashed": no renewals
     assert await store.sweep() == 1
     u = await store.usage("key:a")
     assert (u.live, u.day.reserved_tokens, u.window_requests) == (0, 0, 0)
@@ -177,11 +200,11 @@ async def test_expired_lease_is_released_and_a_late_settle_still_counts(make_sto
     assert (await store.stats()).late >= 1
 
 
-async def test_renewed_leases_survive(make_store: StoreFactory) -> None:
+async def test_renewed_leases_survive(make_store: StoreFactory, clock: SteppedClock) -> None:
     store = await make_store()
     r = await ok(store, [("key:a", Limits(max_concurrency=1))], 1)
     for _ in range(8):
-        await asyncio.sleep(LEASE_S / 4)
+        clock.advance(LEASE_S / 2)
         assert await store.renew([r.rid]) == []
     await store.sweep()
     assert (await store.usage("key:a")).live == 1
@@ -218,7 +241,7 @@ async def test_keys_are_stored_by_hash(make_store: StoreFactory) -> None:
     assert next(k for k in keys if k.id == "key_1").revoked_at == 2.0
 
 
-async def test_repeats_change_nothing(make_store: StoreFactory) -> None:
+async def test_repeats_change_nothing(make_store: StoreFactory, clock: SteppedClock) -> None:
     """A retried call (its first reply lost) must not charge twice: reserve and settle are idempotent."""
     store = await make_store()
     scopes = [("key:a", Limits(daily_tokens=1000))]
@@ -232,14 +255,14 @@ async def test_repeats_change_nothing(make_store: StoreFactory) -> None:
     assert (u.day.used, u.day.requests, u.day.reserved_tokens, u.window_tokens) == (20, 1, 0, 20)
     # After an expiry, the first late settle counts and a repeat of it does not.
     late = await ok(store, scopes, 100)
-    await asyncio.sleep(LEASE_S + 0.1)
+    clock.advance(LEASE_S + 0.1)
     await store.sweep()
     assert not await store.settle(late, 5, 0)
     await store.settle(late, 5, 0)
     assert (await store.usage("key:a")).day.used == 25
 
 
-async def test_tpm_window_empties_and_released_tokens_leave_it(make_store: StoreFactory) -> None:
+async def test_tpm_window_empties_and_released_tokens_leave_it(make_store: StoreFactory, clock: SteppedClock) -> None:
     store = await make_store()
     scopes = [("key:a", Limits(tpm=100))]
     await store.settle(await ok(store, scopes, 60), 30, 30)
@@ -247,6 +270,6 @@ async def test_tpm_window_empties_and_released_tokens_leave_it(make_store: Store
     await store.settle(released, 0, 0)  # never ran: its tokens leave the window at once
     await store.settle(await ok(store, scopes, 40), 20, 20)
     assert (await refused(store, scopes, 1)).deny.reason is DenyReason.TPM
-    await asyncio.sleep(WINDOW_S + 0.1)  # every entry is older than the window now
+    clock.advance(WINDOW_S + 0.1)  # every entry is older than the window now
     await store.settle(await ok(store, scopes, 100), 50, 50)  # the whole limit is free again
     assert (await store.usage("key:a")).window_tokens == 100
