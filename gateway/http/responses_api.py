@@ -41,6 +41,7 @@ async def _owned(state: AppState, caller: Principal, response_id: str, param: st
 async def create_response(request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     req = responses_schemas.parse(await request.body())
+    responses_schemas.check_limits(req, state.settings.limits)
     request_log.note_model(request, req.model)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
