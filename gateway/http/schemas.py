@@ -12,6 +12,7 @@ plain dicts in `bodies.py` (hot path; they are never parsed back).
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -34,7 +35,8 @@ TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # logit_bias: a to
 
 def _engine_safe(value: Any) -> Any:
     """Free-form JSON (tool parameters, a response schema, template kwargs) goes to the engine
-    or its grammar compiler: integers there must fit 64 bits (vLLM cannot carry larger ones)."""
+    or its grammar compiler: integers there must fit 64 bits (vLLM cannot carry larger ones),
+    numbers must be finite (Python's JSON parser reads NaN and 1e999)."""
     stack = [value]
     while stack:
         v = stack.pop()
@@ -44,6 +46,8 @@ def _engine_safe(value: Any) -> Any:
             stack.extend(v)
         elif isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
             raise ValueError(f"integers must be within the 64-bit range, got {v}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("numbers must be finite (not NaN or Infinity)")
     return value
 
 
