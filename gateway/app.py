@@ -18,7 +18,7 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
-from gateway.http import admin, body_limits, dashboard, draining, openai, ops, responses_api
+from gateway.http import admin, body_limits, dashboard, draining, openai, ops, response_docs, responses_api
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
@@ -196,6 +196,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
+    response_docs.install(app)  # the document describes real responses (schemathesis checks them)
     limits = settings.limits
     app.add_middleware(
         body_limits.BodyLimitsMiddleware, max_body_bytes=limits.max_body_bytes, max_json_depth=limits.max_json_depth

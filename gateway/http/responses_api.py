@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from gateway import lifecycle, request_log
 from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
-from gateway.http import responses_input, responses_schemas
+from gateway.http import response_docs, responses_input, responses_schemas
 from gateway.http.deps import Caller, State
 from gateway.http.openai import answer, routing_of
 from gateway.http.responses_output import ResponseEncoder, new_id
@@ -37,7 +37,11 @@ async def _owned(state: AppState, caller: Principal, response_id: str, param: st
     return record
 
 
-@router.post("/responses")
+@router.post(
+    "/responses",
+    responses=response_docs.RESPONSES,
+    openapi_extra=response_docs.request_body(responses_schemas.ResponsesRequest, "Responses"),
+)
 async def create_response(request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     req = responses_schemas.parse(await request.body())
