@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, Python puts benchmarks/ first on sys.path: the standard library first, then the repository root.
-sys.path.insert(0, os.path.dirname(os.__file__))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # tests import this module too: leave their sys.path alone
+    # Run as a script, Python puts benchmarks/ first on sys.path: the standard library first, then the repository root.
+    sys.path.insert(0, os.path.dirname(os.__file__))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
 import contextlib
