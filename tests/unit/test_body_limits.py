@@ -159,3 +159,15 @@ async def test_other_paths_and_empty_bodies_are_left_alone(app: FastAPI) -> None
         assert r.json() == {"bytes": MAX_BYTES + 1}
         r = await c.post("/v1/echo", headers={"content-type": "text/plain"})
         assert r.status_code == 200 and r.json()["json"] is None
+
+
+def test_limit_settings_are_validated() -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings import LimitSettings
+
+    limits = LimitSettings(max_body_bytes="1MiB")
+    assert limits.max_body_bytes == 1024 * 1024 and limits.max_json_depth == 64 and limits.max_stop == 4
+    for bad in ({"max_body_bytes": "lots"}, {"max_json_depth": 0}, {"max_n": 0}, {"max_stop": 0}, {"unknown": 1}):
+        with pytest.raises(ValidationError):
+            LimitSettings(**bad)
