@@ -68,7 +68,9 @@ def gateway_config(port: int, **limits: Any) -> dict[str, Any]:
                 "path": str(ROOT / "models" / "tiny-qwen3"),
                 "engine": "simulated",
                 "simulated": {"model": "Qwen3.6-35B-A3B", "speedup": 1000.0},
-                "max_model_len": 4096,
+                # Short: an answer that runs to the context costs the simulated engine (and the
+                # gateway's per-token work) time quadratic in its length, and proves nothing more.
+                "max_model_len": 1024,
                 "max_num_seqs": 8,
                 "kv_cache_bytes": "1GiB",
             }
