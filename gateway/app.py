@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
@@ -19,7 +18,7 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
-from gateway.http import admin, dashboard, draining, openai, ops, responses_api
+from gateway.http import admin, body_limits, dashboard, draining, openai, ops, response_docs, responses_api
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
@@ -152,20 +151,6 @@ def admission_control(settings: Settings, served: list[ServedModel]) -> Admissio
     )
 
 
-class JsonBodyMiddleware:
-    """Treat API request bodies as JSON whatever Content-Type says (curl -d sends
-    form encoding); OpenAI's API does the same."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith("/v1/"):
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            scope = dict(scope, headers=[*headers, (b"content-type", b"application/json")])
-        await self.app(scope, receive, send)
-
-
 def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None) -> FastAPI:
     """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py)."""
     drain = Drain(settings.server.drain_grace_s) if drain is None else drain
@@ -211,7 +196,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
     errors.install(app)
-    app.add_middleware(JsonBodyMiddleware)
+    response_docs.install(app)  # the document describes real responses (schemathesis checks them)
+    limits = settings.limits
+    app.add_middleware(
+        body_limits.BodyLimitsMiddleware, max_body_bytes=limits.max_body_bytes, max_json_depth=limits.max_json_depth
+    )
     app.add_middleware(draining.DrainingMiddleware, drain=drain)  # inside the log: its 503s are logged
     cors = settings.server.cors
     if cors.allow_origins:  # off by default: browsers' same-origin rule then holds

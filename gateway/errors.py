@@ -1,8 +1,11 @@
 """One error hierarchy, mapped to OpenAI's error JSON in one place.
 
     GatewayError                      status  type                    code
-     +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value)
+     +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value, invalid_type)
      |    +-- ContextLengthExceeded     400   invalid_request_error   context_length_exceeded
+     |    +-- MalformedBody             400   invalid_request_error   invalid_json | invalid_encoding |
+     |                                                                json_too_deep | unsupported_content_type
+     +-- RequestTooLarge                413   invalid_request_error   request_too_large
      +-- AuthenticationFailed           401   invalid_request_error   invalid_api_key
      +-- PermissionDenied               403   invalid_request_error   permission_denied
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -88,6 +93,18 @@ class InvalidRequest(GatewayError):
 
 class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
+
+
+class MalformedBody(InvalidRequest):
+    """A body that is not a JSON document this gateway reads (gateway/http/body_limits.py)."""
+
+    default_code = "invalid_json"
+
+
+class RequestTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
 
 
 class AuthenticationFailed(GatewayError):
@@ -317,34 +334,96 @@ def to_response(err: GatewayError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+# Labels pydantic puts in an error's location for the union member it tried (`str`,
+# `list[str]`, `ChatMessage`, `function-after[...]`): not the client's field names.
+_UNION_LABEL = re.compile(r"^(?:str|int|float|bool|none|[a-z-]*\[.*\]|[A-Z][A-Za-z0-9]*)$")
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "none_required": "null",
+}
+
+
+def param_path(loc: Sequence[int | str]) -> str | None:
+    """An error location as OpenAI names a parameter: `messages[3].content`, `seed`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "body" and not out:
+            continue
+        elif not _UNION_LABEL.match(part):
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object"
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
-    errors = exc.errors()
+    """(message, param, code) of a validation failure: the deepest error (where a union was
+    tried, the member that got furthest), type errors as `invalid_type` (as OpenAI names them)."""
+    errors = [dict(e) for e in exc.errors()]
     if not errors:
         return "Invalid request.", None, "invalid_value"
+    # Deepest first; at one depth a wrong value before a wrong type (the union member whose
+    # type matched is the one the client meant: `prompt: [1, -2]` is a bad token id).
+    errors.sort(key=lambda e: (-len(e.get("loc", ())), e.get("type") in _EXPECTED))
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    param = param_path(first.get("loc", ()))
     kind = str(first.get("type", ""))
     if kind == "json_invalid":
         return "We could not parse the JSON body of your request.", None, "invalid_json"
     if kind == "missing":
         return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-    msg = str(first.get("msg", "invalid value"))
+    if kind in _EXPECTED:
+        # Every member a union tried at this place: "expected a string or an array".
+        same = [e for e in errors if param_path(e.get("loc", ())) == param and e.get("type") in _EXPECTED]
+        expected = " or ".join(dict.fromkeys(_EXPECTED[str(e["type"])] for e in same))
+        got = _json_kind(first.get("input"))
+        where = f"'{param}'" if param else "the request body"
+        return f"Invalid type for {where}: expected {expected}, but got {got} instead.", param, "invalid_type"
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "finite_number":
+        msg = "must be a finite number (not NaN or Infinity)"
     if param is None:
         return f"Invalid request body: {msg}.", None, "invalid_value"
     return f"Invalid value for '{param}': {msg}.", param, "invalid_value"
 
 
+def answer(request: Request, err: GatewayError) -> JSONResponse:
+    """The one way a failure is answered: noted in the request's log line and the dashboard,
+    then OpenAI's error JSON (the handlers below, and middleware that answers before routing)."""
+    request_log.note_error(request, err)  # the request's log line says why
+    # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
+    recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
+    if recent is not None:
+        recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
+    return to_response(err)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into OpenAI error JSON."""
-
-    def answer(request: Request, err: GatewayError) -> JSONResponse:
-        request_log.note_error(request, err)  # the request's log line says why
-        # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
-        recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
-        if recent is not None:
-            recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
-        return to_response(err)
 
     async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
         return answer(request, from_exception(exc))

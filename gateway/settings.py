@@ -428,7 +428,23 @@ class MetricsSettings(_Model):
 
 
 class LimitSettings(_Model):
-    max_n: int = Field(8, ge=1)
+    """What one API request may ask for; beyond it the client gets a 400 naming the field
+    (413 for the body), before anything is tokenized or reaches an engine."""
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)  # a request body (413 beyond)
+    max_json_depth: int = Field(64, ge=4, le=1000)  # nesting of the body's arrays and objects
+    max_messages: int = Field(2048, ge=1)  # chat messages, Responses input items, completion prompts
+    max_stop: int = Field(4, ge=1)  # stop strings (OpenAI's limit)
+    max_stop_chars: int = Field(256, ge=1)  # characters in one stop string
+    max_stop_token_ids: int = Field(64, ge=0)
+    max_tools: int = Field(128, ge=0)  # OpenAI's limit
+    max_logit_bias: int = Field(300, ge=0)  # logit_bias entries
+    max_n: int = Field(8, ge=1)  # choices per request (each one a sequence in the engine)
+
+    @field_validator("max_body_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_bytes(v)
 
 
 _DEFAULT_QUEUE_TIMEOUT_S: dict[PriorityClass, float] = {"interactive": 60.0, "batch": 600.0}

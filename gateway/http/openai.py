@@ -10,7 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle, request_log
 from gateway.admission import Ticket
-from gateway.http import output
+from gateway.http import output, response_docs
 from gateway.http.deps import Caller, State
 from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.lifecycle.run import BodyEncoder, EventEncoder
@@ -109,7 +109,7 @@ def routing_of(state: AppState, request: Request) -> lifecycle.Routing:
     return lifecycle.Routing(state.router, request.headers.get(state.settings.routing.header))
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=response_docs.CHAT)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     request_log.note_model(request, body.model)
@@ -117,7 +117,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     return await answer(job, state, request)
 
 
-@router.post("/completions")
+@router.post("/completions", responses=response_docs.COMPLETIONS)
 async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     request_log.note_model(request, body.model)
@@ -127,7 +127,7 @@ async def completions(body: CompletionRequest, request: Request, state: State, c
     return await answer(job, state, request)
 
 
-@router.get("/models")
+@router.get("/models", responses=response_docs.LIST_MODELS)
 async def list_models(state: State, caller: Caller) -> dict[str, Any]:
     data = []
     for served in state.registry:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from gateway import lifecycle, request_log
 from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
-from gateway.http import responses_input, responses_schemas
+from gateway.http import response_docs, responses_input, responses_schemas
 from gateway.http.deps import Caller, State
 from gateway.http.openai import answer, routing_of
 from gateway.http.responses_output import ResponseEncoder, new_id
@@ -37,10 +37,15 @@ async def _owned(state: AppState, caller: Principal, response_id: str, param: st
     return record
 
 
-@router.post("/responses")
+@router.post(
+    "/responses",
+    responses=response_docs.RESPONSES,
+    openapi_extra=response_docs.request_body(responses_schemas.ResponsesRequest, "Responses"),
+)
 async def create_response(request: Request, state: State, caller: Caller) -> Response:
     state.counters.requests += 1
     req = responses_schemas.parse(await request.body())
+    responses_schemas.check_limits(req, state.settings.limits)
     request_log.note_model(request, req.model)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:

@@ -53,11 +53,11 @@ def _text(content: str | list[ContentPart], param: str) -> str:
         elif part.type == "refusal":
             out.append(part.refusal or "")
         elif part.type in _TEXT_PARTS:
-            raise InvalidRequest(f"A content part of type '{part.type}' needs its text.", param=f"{param}.{j}.text")
+            raise InvalidRequest(f"A content part of type '{part.type}' needs its text.", param=f"{param}[{j}].text")
         else:
             raise InvalidRequest(
                 f"Content of type '{part.type}' is not supported by this model.",
-                param=f"{param}.{j}.type",
+                param=f"{param}[{j}].type",
                 code="unsupported_content",
             )
     return "".join(out)
@@ -72,7 +72,7 @@ def to_messages(items: Sequence[Item], param: str = "input") -> list[dict[str, A
             reasoning = (reasoning or "") + item.text
             continue
         if isinstance(item, MessageItem):
-            msg: dict[str, Any] = {"role": item.role, "content": _text(item.content, f"{param}.{i}.content")}
+            msg: dict[str, Any] = {"role": item.role, "content": _text(item.content, f"{param}[{i}].content")}
             if item.role == "assistant" and reasoning:
                 msg["reasoning_content"] = reasoning
             messages.append(msg)
@@ -92,7 +92,7 @@ def to_messages(items: Sequence[Item], param: str = "input") -> list[dict[str, A
                     msg["reasoning_content"] = reasoning
                 messages.append(msg)
         else:
-            content = _text(item.output, f"{param}.{i}.output")
+            content = _text(item.output, f"{param}[{i}].output")
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
         reasoning = None
     return messages

@@ -26,11 +26,14 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.http.schemas import FunctionName
+from gateway.errors import InvalidRequest
+from gateway.http.schemas import INT64_MAX, FreeJson, FunctionName
+from gateway.settings import LimitSettings
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # As in schemas.py: strict types, finite numbers (OpenAI's rules).
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True, allow_inf_nan=False)
 
 
 class ContentPart(_Request):
@@ -104,7 +107,7 @@ class FunctionTool(_Request):
     type: Literal["function"]
     name: FunctionName
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: FreeJson | None = None
     strict: bool | None = None
 
 
@@ -126,7 +129,7 @@ class TextFormat(_Request):
     type: Literal["text", "json_object", "json_schema"]
     name: str = "response"
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: FreeJson | None = Field(None, alias="schema")
     strict: bool | None = None
 
     @model_validator(mode="after")
@@ -161,17 +164,20 @@ class ResponsesRequest(_Request):
         Discriminator(lambda v: "text" if isinstance(v, str) else "items"),
     ]
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None  # checked in translation: a non-function type is named
+    tools: list[FreeJson] | None = None  # checked in translation: a non-function type is named
     tool_choice: Annotated[
         Literal["none", "auto", "required"] | ToolChoiceFunction | None, BeforeValidator(_tool_choice)
     ] = None
     parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16
+    )
     user: str | None = None
     stream: bool = False
     store: bool = True
@@ -253,3 +259,17 @@ def parse(raw: bytes) -> ResponsesRequest:
         return ResponsesRequest.model_validate(data)
     except ValidationError as e:
         raise validation_failed(e) from None
+
+
+def check_limits(req: ResponsesRequest, limits: LimitSettings) -> None:
+    """The configured sizes (settings `limits:`), checked before the input is translated."""
+    items = len(req.items) + (1 if req.instructions else 0)
+    if items > limits.max_messages:
+        raise InvalidRequest(
+            f"Invalid 'input': at most {limits.max_messages} items are allowed, got {items}.", param="input"
+        )
+    if len(req.tools or ()) > limits.max_tools:
+        raise InvalidRequest(
+            f"Invalid 'tools': at most {limits.max_tools} tools are allowed, got {len(req.tools or ())}.",
+            param="tools",
+        )

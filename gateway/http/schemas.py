@@ -2,21 +2,62 @@
 
 Unknown fields are accepted and ignored: OpenAI SDKs and chat frontends send
 fields (`store`, `metadata`, `parallel_tool_calls`, ...) this gateway has no
-use for, and refusing them would break those clients. Responses are built as
+use for, and refusing them would break those clients. What is read is checked
+with OpenAI's rules: strict types (`"stream": "yes"` and `"n": 2.0` are errors,
+as they are there), OpenAI's ranges, finite numbers, integers the engine can
+carry (64-bit). Limits from the settings (`limits:`) and checks that need the
+model's vocabulary are in gateway/lifecycle/prepare.py. Responses are built as
 plain dicts in `bodies.py` (hot path; they are never parsed back).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]  # the vocabulary's bound is checked in prepare
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # logit_bias: a token id as JSON keys are
+
+
+def _engine_safe(value: Any) -> Any:
+    """Free-form JSON (tool parameters, a response schema, template kwargs) goes to the engine
+    or its grammar compiler: integers there must fit 64 bits (vLLM cannot carry larger ones),
+    numbers must be finite (Python's JSON parser reads NaN and 1e999)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(f"integers must be within the 64-bit range, got {v}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("numbers must be finite (not NaN or Infinity)")
+    return value
+
+
+FreeJson = Annotated[dict[str, Any], AfterValidator(_engine_safe)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # strict: no coercion (a string is not a boolean or a number, 2.0 is not an integer);
+    # allow_inf_nan off: `1e999` parses to infinity, which no sampling field means.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
@@ -57,7 +98,7 @@ class ChatMessage(_Request):
 class FunctionDefinition(_Request):
     name: FunctionName
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: FreeJson | None = None
     strict: bool | None = None
 
 
@@ -92,7 +133,7 @@ def _tool_choice(v: Any) -> Any:
 class JsonSchemaFormat(_Request):
     name: str = "response"
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: FreeJson | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
@@ -111,26 +152,35 @@ class SamplingFields(_Request):
     """Fields shared by chat and completions (OpenAI's plus vLLM's extensions)."""
 
     model: str
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=INT32_MAX)  # limits.max_n is checked in prepare
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    # Keys are token ids (strings in JSON); whether they are in the vocabulary is checked in prepare.
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
     # vLLM extensions, accepted by its OpenAI server too.
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+
+    @field_validator("stream_options")
+    @classmethod
+    def _needs_stream(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # As OpenAI and vLLM answer (a validator on the field, so the error names it).
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return v
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -145,8 +195,8 @@ class SamplingFields(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
@@ -155,13 +205,14 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     # "none" turns thinking off; the other efforts leave it on (Qwen models have no levels).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: FreeJson | None = None
 
-    @model_validator(mode="after")
-    def _checks(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
             raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+        return v
 
     @property
     def function_tools(self) -> dict[str, dict[str, Any]]:
@@ -190,11 +241,11 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)  # OpenAI's default for completions
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's maximum for completions
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
     suffix: str | None = None
 
     @model_validator(mode="after")

@@ -42,13 +42,19 @@ def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, An
     out = []
     for i, m in enumerate(messages):
         content = m.content
+        # OpenAI's rules: only an assistant message may leave its content out (it calls tools
+        # instead), and a tool message names the call it answers.
+        if content is None and m.role != "assistant":
+            raise _missing(f"messages[{i}].content")
+        if m.role == "tool" and not m.tool_call_id:
+            raise _missing(f"messages[{i}].tool_call_id")
         if isinstance(content, list):
             parts = []
-            for part in content:
+            for j, part in enumerate(content):
                 if part.type != "text" or part.text is None:
                     raise InvalidRequest(
                         f"Content of type '{part.type}' is not supported by this model.",
-                        param=f"messages.{i}.content",
+                        param=f"messages[{i}].content[{j}]",
                         code="unsupported_content",
                     )
                 parts.append(part.text)
@@ -66,6 +72,10 @@ def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, An
             msg["name"] = m.name
         out.append(msg)
     return out
+
+
+def _missing(param: str) -> InvalidRequest:
+    return InvalidRequest(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
 
 
 def _template_call(tc: ToolCall) -> dict[str, Any]:
@@ -149,12 +159,8 @@ def _structured(req: SamplingFields) -> StructuredOutput | None:
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
-    if not raw:
-        return None
-    try:
-        return {int(k): float(v) for k, v in raw.items()}
-    except ValueError:
-        raise InvalidRequest("logit_bias keys must be token ids.", param="logit_bias") from None
+    # The keys are digits (the schema checks) in the vocabulary (_check_vocabulary).
+    return {int(k): float(v) for k, v in raw.items()} if raw else None
 
 
 def _sampling(
@@ -170,7 +176,7 @@ def _sampling(
         n=req.n,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
+        top_k=req.top_k or 0,  # at most the vocabulary (_check_vocabulary)
         min_p=req.min_p or 0.0,
         seed=req.seed,
         presence_penalty=req.presence_penalty or 0.0,
@@ -215,11 +221,42 @@ def _resolve(registry: ModelRegistry, model: str, principal: Principal) -> Serve
     return served
 
 
+def _at_most(count: int, limit: int, what: str, param: str) -> None:
+    if count > limit:
+        raise InvalidRequest(f"Invalid '{param}': at most {limit} {what} are allowed, got {count}.", param=param)
+
+
 def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
+    """The configured limits (settings `limits:`), before anything is rendered or tokenized."""
     if req.n > limits.max_n:
-        raise InvalidRequest(f"n must be at most {limits.max_n}.", param="n")
-    if len(req.stop_list) > 16:
-        raise InvalidRequest("At most 16 stop sequences are allowed.", param="stop")
+        raise InvalidRequest(f"Invalid 'n': at most {limits.max_n} choices are allowed, got {req.n}.", param="n")
+    _at_most(len(req.stop_list), limits.max_stop, "stop sequences", "stop")
+    for i, stop in enumerate(req.stop_list):
+        param = "stop" if isinstance(req.stop, str) else f"stop[{i}]"
+        if not stop:
+            raise InvalidRequest(f"Invalid '{param}': a stop sequence must not be empty.", param=param)
+        _at_most(len(stop), limits.max_stop_chars, "characters", param)
+    _at_most(len(req.stop_token_ids or ()), limits.max_stop_token_ids, "stop token ids", "stop_token_ids")
+    _at_most(len(req.logit_bias or ()), limits.max_logit_bias, "logit_bias entries", "logit_bias")
+
+
+def _check_vocabulary(req: SamplingFields, served: ServedModel) -> None:
+    """Token ids the client gives must be the model's (an engine given others fails or crashes)."""
+    vocab = len(served.tokenizer)
+    for key in req.logit_bias or ():
+        if int(key) >= vocab:
+            raise InvalidRequest(
+                f"Invalid key in 'logit_bias': {key} is not a token id of this model (0..{vocab - 1}).",
+                param="logit_bias",
+            )
+    for i, t in enumerate(req.stop_token_ids or ()):
+        if t >= vocab:
+            raise InvalidRequest(
+                f"Invalid 'stop_token_ids[{i}]': {t} is not a token id of this model (0..{vocab - 1}).",
+                param=f"stop_token_ids[{i}]",
+            )
+    if req.top_k is not None and req.top_k > vocab:
+        req.top_k = vocab  # the same sampling; vLLM keeps top_k in 32 bits, per token of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -302,6 +339,8 @@ async def prepare_chat(
 ) -> Job:
     candidates = _candidates(registry, routing, req.model, principal)
     _check_common(req, limits)
+    _at_most(len(req.messages), limits.max_messages, "messages", "messages")
+    _at_most(len(req.tools or ()), limits.max_tools, "tools", "tools")
     _tools_checked(req)
     messages = _messages_for_template(req.messages)
     first = candidates[0]
@@ -309,6 +348,7 @@ async def prepare_chat(
     served, info = _route(routing, req.model, candidates, principal, prompt, req.requested_max_tokens)
     if served.tokenizer_id != first.tokenizer_id:  # counted with another vocabulary: count again
         prompt, changes = await _render_for(served, messages, req, _prefix_policy(served, principal))
+    _check_vocabulary(req, served)
     max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     job_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -393,7 +433,10 @@ async def _completion_prompts(served: ServedModel, req: CompletionRequest) -> li
             prompts.append(await asyncio.to_thread(tokens.encode_text, served.tokenizer, p))
         else:
             if any(not 0 <= t < vocab_size for t in p):
-                raise InvalidRequest("Prompt token ids are out of the vocabulary.", param="prompt")
+                raise InvalidRequest(
+                    f"Invalid 'prompt': token ids must be of this model's vocabulary (0..{vocab_size - 1}).",
+                    param="prompt",
+                )
             prompts.append(tokens.from_ids(served.tokenizer, p))
     if any(len(p) == 0 for p in prompts):
         raise InvalidRequest("Prompt must not be empty.", param="prompt")
@@ -409,12 +452,14 @@ async def prepare_completion(
 ) -> Job:
     candidates = _candidates(registry, routing, req.model, principal)
     _check_common(req, limits)
+    _at_most(len(req.prompts), limits.max_messages, "prompts", "prompt")
     first = candidates[0]
     prompts = await _completion_prompts(first, req)
     longest = max(prompts, key=len)  # a multi-prompt request is routed by its longest prompt
     served, info = _route(routing, req.model, candidates, principal, longest, req.max_tokens)
     if served.tokenizer_id != first.tokenizer_id:
         prompts = await _completion_prompts(served, req)
+    _check_vocabulary(req, served)
     job_id = f"cmpl-{uuid.uuid4().hex}"
     lp = req.logprobs
     requests = tuple(

@@ -226,7 +226,7 @@ def test_a_400_is_logged_with_its_code(gateway: Server) -> None:
     r = post(gateway, "/v1/chat/completions", {"model": MODEL, "messages": MARKER}, request_id=given)
     assert r.status_code == 400
     rec = request_line(gateway, given)
-    assert rec["status"] == 400 and rec["error_code"] == "invalid_value"
+    assert rec["status"] == 400 and rec["error_code"] == "invalid_type"  # a string where messages go
 
 
 def test_a_401_is_logged_without_the_key(gateway: Server) -> None:

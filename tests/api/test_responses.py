@@ -195,10 +195,10 @@ def test_bad_input_names_its_param(server: Server) -> None:
     r = post({"model": MODEL, "input": [{"role": "user", "content": "x"}, {"type": "bogus_item"}]})
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["param"] == "input.1" and "bogus_item" in err["message"]
+    assert err["param"] == "input[1]" and "bogus_item" in err["message"]
     assert err["type"] == "invalid_request_error"
     r = post({"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "input.0.call_id"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].call_id"
     r = post({"model": MODEL, "input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     r = httpx.post(f"{server.api}/responses", json={"model": MODEL, "input": "hi"}, timeout=60)

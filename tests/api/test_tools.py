@@ -170,8 +170,8 @@ def test_a_tool_round_trip_renders_the_call_and_its_result(server: Server, hf_to
 def test_bad_tools_and_tool_choices_get_400_naming_the_parameter(server: Server) -> None:
     nameless = {"type": "function", "function": {"description": "no name"}}
     cases = [
-        ({"tools": [nameless]}, "tools.0.function.name"),
-        ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"tools": [nameless]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),

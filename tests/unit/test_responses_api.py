@@ -56,17 +56,17 @@ def test_unknown_fields_ignored_and_defaults() -> None:
 
 def test_unknown_item_type_is_named_at_its_place() -> None:
     message, param, _ = bad(input=[{"role": "user", "content": "x"}, {"type": "web_search_call", "id": "ws_1"}])
-    assert param == "input.1"
+    assert param == "input[1]"
     assert "web_search_call" in message
 
 
 def test_item_errors_name_the_field_not_the_union() -> None:
     _, param, code = bad(input=[{"type": "function_call", "name": "f", "arguments": "{}"}])
-    assert (param, code) == ("input.0.call_id", "missing_required_parameter")
+    assert (param, code) == ("input[0].call_id", "missing_required_parameter")
     _, param, _ = bad(input=[{"role": "user", "content": [{"type": "input_text", "text": 5}]}])
-    assert param == "input.0.content.0.text"
+    assert param == "input[0].content[0].text"
     _, param, _ = bad(input=[{"role": "robot", "content": "x"}])
-    assert param == "input.0.role"
+    assert param == "input[0].role"
     _, param, _ = bad(input=7)
     assert param == "input"
 
@@ -139,7 +139,7 @@ def test_unsupported_content_is_refused() -> None:
     r = req(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
     with pytest.raises(InvalidRequest) as e:
         translate(r)
-    assert e.value.param == "input.0.content.0.type" and e.value.code == "unsupported_content"
+    assert e.value.param == "input[0].content[0].type" and e.value.code == "unsupported_content"
     with pytest.raises(InvalidRequest) as e:
         translate(req(input=[]))
     assert e.value.param == "input"
@@ -166,7 +166,7 @@ def test_non_function_tools_are_named() -> None:
         assert e.value.param == "tools" and kind in e.value.message
     with pytest.raises(RequestValidationError) as v:
         translate(req(tools=[{"type": "function", "name": "no spaces allowed"}]))
-    assert _validation_message(v.value)[1] == "tools.0.name"
+    assert _validation_message(v.value)[1] == "tools[0].name"
 
 
 def test_text_format_and_reasoning() -> None:

@@ -57,3 +57,110 @@ def test_completion_prompt_shapes(prompt: object, expected: list[object]) -> Non
 def test_completion_rejections(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"model": "m", **bad})
+
+
+# --- OpenAI's rules: strict types, ranges, combinations; errors named as OpenAI names them ---
+
+
+def refusal(model: type[ChatCompletionRequest] | type[CompletionRequest], body: dict[str, object]) -> tuple[str, str]:
+    """(param, code) of the 400 a body gets, through the gateway's one mapping."""
+    from fastapi.exceptions import RequestValidationError
+
+    from gateway.errors import _validation_message
+
+    base: dict[str, object] = {"model": "m"}
+    base |= {"messages": [{"role": "user", "content": "hi"}]} if model is ChatCompletionRequest else {"prompt": "x"}
+    with pytest.raises(ValidationError) as e:
+        model.model_validate({**base, **body})
+    errors = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors()]
+    _, param, code = _validation_message(RequestValidationError(errors))
+    assert param is not None
+    return param, code
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"seed": 2**80}, "seed", "invalid_value"),
+        ({"seed": -(2**63) - 1}, "seed", "invalid_value"),
+        ({"stream": "yes"}, "stream", "invalid_type"),
+        ({"stream": 1}, "stream", "invalid_type"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"stream": False, "stream_options": {}}, "stream_options", "invalid_value"),
+        ({"n": 2.0}, "n", "invalid_type"),
+        ({"n": "2"}, "n", "invalid_type"),
+        ({"temperature": float("nan")}, "temperature", "invalid_value"),
+        ({"temperature": float("inf")}, "temperature", "invalid_value"),
+        ({"temperature": "1"}, "temperature", "invalid_type"),
+        ({"top_p": 0.0}, "top_p", "invalid_value"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens", "invalid_value"),
+        ({"top_k": 2**31}, "top_k", "invalid_value"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias.-1", "invalid_value"),
+        ({"logit_bias": {"7": -101}}, "logit_bias.7", "invalid_value"),
+        ({"stop": 3}, "stop", "invalid_type"),
+        ({"stop": ["a", 1]}, "stop[1]", "invalid_type"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "invalid_value"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 5}]},
+            "messages[1].content",
+            "invalid_type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages[0].content[0].text",
+            "invalid_type",
+        ),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "invalid_value"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role", "missing_required_parameter"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": 2**64}}}]},
+            "tools[0].function.parameters",
+            "invalid_value",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"x": float("nan")}}}},
+            "response_format.json_schema.schema",
+            "invalid_value",
+        ),
+        ({"chat_template_kwargs": {"n": -(2**70)}}, "chat_template_kwargs", "invalid_value"),
+        ({"logprobs": 1}, "logprobs", "invalid_type"),
+    ],
+)
+def test_chat_refusals(body: dict[str, object], param: str, code: str) -> None:
+    assert refusal(ChatCompletionRequest, body) == (param, code)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"prompt": [1, -2]}, "prompt[1]", "invalid_value"),  # the token-id member, not the string one
+        ({"prompt": [[1], [2**40]]}, "prompt[1][0]", "invalid_value"),
+        ({"prompt": 5}, "prompt", "invalid_type"),
+        ({"logprobs": 6}, "logprobs", "invalid_value"),  # OpenAI's maximum for completions is 5
+        ({"echo": "true"}, "echo", "invalid_type"),
+    ],
+)
+def test_completion_refusals(body: dict[str, object], param: str, code: str) -> None:
+    assert refusal(CompletionRequest, body) == (param, code)
+
+
+def test_what_openai_allows_still_passes() -> None:
+    r = chat(seed=2**63 - 1, stream=True, stream_options={"include_usage": True}, temperature=0, top_p=1, n=3)
+    assert r.include_usage and r.seed == 2**63 - 1
+    assert chat(stream_options=None).stream_options is None  # null is "not given"
+    assert chat(top_logprobs=0).top_logprobs == 0  # 0 without logprobs: nothing asked
+    assert chat(temperature=1).temperature == 1.0  # an integer is a number
+    assert chat(logit_bias={"42": -100}).logit_bias == {"42": -100.0}
+    assert CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2], [3]]}).prompts == [[1, 2], [3]]
+
+
+def test_type_error_messages_read_like_openai_s() -> None:
+    from fastapi.exceptions import RequestValidationError
+
+    from gateway.errors import _validation_message
+
+    with pytest.raises(ValidationError) as e:
+        chat(stop=3)
+    errors = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors()]
+    message, _, _ = _validation_message(RequestValidationError(errors))
+    assert message == "Invalid type for 'stop': expected a string or an array, but got an integer instead."
