@@ -78,7 +78,8 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     flight = _fly(state.router, job)
     try:
         if flight is not None:
-            await _route_hold(job, flight)
+            assert state.router is not None  # a flight is routing's
+            await _route_hold(job, flight, state.router)
         ticket = await _admit(wanted, state, client_gone)
     except BaseException as e:
         hold.release()
@@ -104,15 +105,40 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
     return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route)
 
 
-async def _route_hold(job: Job, flight: Flight) -> None:
-    """Wait until routing lets the job go to its engine (its hold, on the engine's clock)."""
+async def _route_hold(job: Job, flight: Flight, router: Router) -> None:
+    """Wait until routing lets the job go to its engine (its hold, on the engine's clock).
+
+    Held requests of one class on one engine wait in line: only the first re-checks its
+    hold (each check walks every request on the engine), the others wait for it to go,
+    woken in turn. Each re-checking on its own made the checks quadratic in the requests
+    held, enough to stall the gateway with a thousand clients (BENCHMARKS.md, Soak)."""
     engine = job.served.engine
-    while True:
+
+    async def until_due() -> None:
         while (left := flight.not_before - engine.clock()) > 0:
             # The engine's clock may run faster than the wall clock (a simulated box): poll.
             await asyncio.sleep(min(0.25, left))
-        if not flight.hold_again():
-            return
+
+    await until_due()
+    if not flight.hold_again():
+        return
+    line = router.hold_line(job.served.name, "" if job.route is None else job.route.slo)
+    while True:
+        try:
+            await asyncio.wait_for(line.acquire(), timeout=0.25)
+            break
+        except TimeoutError:
+            # Waiting on for its turn would miss its first token's objective: it goes now
+            # (as the check would say; a cheap look at the clock, not the check itself).
+            if flight.ttft_due is not None and engine.clock() >= flight.ttft_due:
+                return
+    try:
+        while True:
+            await until_due()
+            if not flight.hold_again():
+                return
+    finally:
+        line.release()
 
 
 async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ticket:
