@@ -203,7 +203,13 @@ class Running:
         if self.flight is not None:
             self.flight.finish()
         m = self.job.meter
-        self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+        prompt = m.prompt_tokens
+        if not self.returned and not self.failed:
+            # The client left. One that leaves mid-prefill is charged its prompt too: the engine
+            # had it and spent its prefill on it (else hanging up just before the first token
+            # would make any prompt free, and uncounted).
+            prompt = max(prompt, m.sent_prompt_tokens)
+        self.hold.settle(prompt, m.completion_tokens, returned=self.returned)
         job = self.job
         end = job.served.engine.clock()
         self.state.recent.add_finished(
