@@ -79,7 +79,7 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     try:
         if flight is not None:
             assert state.router is not None  # a flight is routing's
-            await _route_hold(job, flight, state.router)
+            await _unless_gone(_route_hold(job, flight, state.router), state, client_gone)
         ticket = await _admit(wanted, state, client_gone)
     except BaseException as e:
         hold.release()
@@ -141,6 +141,26 @@ async def _route_hold(job: Job, flight: Flight, router: Router) -> None:
         line.release()
 
 
+async def _unless_gone(work: Awaitable[None], state: AppState, client_gone: ClientGone) -> None:
+    """Wait for `work` (routing's hold), or for the client to leave: ClientLeft, and the work
+    is given up (a client gone while held no longer holds its quota until the hold ends)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+    if task.done() and not task.cancelled():
+        task.result()  # done (or failed): admission sees a client that left as well
+        return
+    state.counters.client_disconnects += 1
+    raise ClientLeft
+
+
 async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ticket:
     """Wait for the job's turn (KV room, a slot, fairness), or for the client to leave."""
     acquire = asyncio.ensure_future(state.admission.acquire(wanted))
@@ -181,6 +201,7 @@ class Running:
         self.returned = False  # the client got the whole answer (and its usage)
         self.failed = False  # an error ended the answer (else, unreturned: the client left)
         self._released = False
+        self._left_counted = False  # its client's leaving is in counters.client_disconnects
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         log.info(
@@ -199,6 +220,11 @@ class Running:
         if self._released:
             return
         self._released = True
+        if not (self.returned or self.failed or self._left_counted):
+            # The client left and the server noticed it first on a failed send (the stream
+            # was closed), not on its disconnect message: count it all the same.
+            self._left_counted = True
+            self.state.counters.client_disconnects += 1
         self.ticket.release()
         if self.flight is not None:
             self.flight.finish()
@@ -248,6 +274,7 @@ class Running:
 
         async def watch() -> None:
             await self.client_gone()
+            self._left_counted = True
             counters.client_disconnects += 1
             log.info("client went away: aborting %s", self.job.id)
             await generate.abort(self.job)
