@@ -46,13 +46,15 @@ SEED = 1818
 KEYS = [f"sk-storm-{i}" for i in range(4)]
 PREFIX = "storm:"  # this module's Redis keys (the Redis server is the session's)
 # The box prefills at most CHUNK tokens of each prompt per step (vLLM's long_prefill_token_threshold),
-# so a short prompt's first token never waits for a long one's prefill, and a long one takes
-# many steps: 8K tokens, 32 steps of at least 0.3 s of the box's time (2K tokens each) with
-# eight of them prefilling, about 10 s at SPEEDUP. A decoding client leaves within 5 steps.
-SPEEDUP = 2.0
-CHUNK = 256
-PREFILL_PROMPT = "hello " * 8000
-LONG_OUTPUT = 20_000  # minutes of decoding: nothing admitted finishes by itself during a round
+# so a short prompt's first token never waits for a long one's prefill, and a long one takes many
+# steps: 16K tokens in 125 steps, each at least the chunk's 42 ms of the box's time plus a decode
+# step's 13 ms, about 7 s even alone (many times what a round takes to reach its cue), while a
+# decoding client leaves within 5 steps.
+SPEEDUP = 1.0
+CHUNK = 128
+PREFILL_TOKENS = 16_000
+PREFILL_PROMPT = "hello " * PREFILL_TOKENS  # a token per word
+LONG_OUTPUT = 4000  # nearly a minute of decoding: nothing admitted finishes by itself during a round
 NEW_REQUEST_DEADLINE_S = 5.0
 
 
@@ -330,7 +332,7 @@ async def test_disconnect_storm_leaves_nothing_held(storm: Server, redis_server:
     # left while it prefilled (the engine had it: hanging up before the first token does not
     # make a prompt free); the prompt and the tokens generated for one that left decoding.
     charged = final["quota"]["prompt_tokens"] - s0["quota"]["prompt_tokens"]
-    assert charged >= phases["prefilling"] * 8000, charged
+    assert charged >= phases["prefilling"] * PREFILL_TOKENS, charged
     generated = final["quota"]["completion_tokens"] - s0["quota"]["completion_tokens"]
     assert generated >= sum(p.events for p in all_plans if p.phase == "decoding") - phases["decoding"], generated
     assert await asyncio.to_thread(redis_holds, redis_server.url, PREFIX) == {"leases": 0, "live": 0, "reservations": 0}
