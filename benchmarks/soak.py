@@ -533,6 +533,8 @@ def main() -> int:
     p.add_argument("--no-routing", action="store_true", help="models by name only (routing off)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    # A SIGTERM (`timeout`, a stopped job) unwinds like ^C: the gateway and redis-server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from gateway import runtime_env
 
     runtime_env.configure(ROOT / ".cache")
