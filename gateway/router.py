@@ -5,6 +5,7 @@ errors for a request no model can take. See docs/routing.md.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -84,6 +85,12 @@ class Router:
         self.model = load_model(settings, [_lane(m, (boxes or {}).get(m.name, "")) for m in models])
         # Routing decisions for /metrics: (model, decision) -> count (gateway/metrics.py).
         self.decisions: Counter[tuple[str, str]] = Counter()
+        self._hold_lines: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def hold_line(self, model: str, slo: str) -> asyncio.Lock:
+        """The line held requests of class `slo` wait in for `model` (first come, first
+        re-checked: an asyncio.Lock wakes its waiters in order)."""
+        return self._hold_lines.setdefault((model, slo), asyncio.Lock())
 
     def is_alias(self, name: str) -> bool:
         return name in self.settings.aliases

@@ -17,6 +17,7 @@ its TTFT objective.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -320,16 +321,20 @@ class Lane:
         step = self.step_s(max(1, self.running()), 0)
         return self.prefill_all_s() + max(f.remaining_s(step) for f in here)
 
-    def until_first_token(self, flight: Flight, now: float) -> float:
-        """Predicted seconds until `flight` has its first token (0 once it has)."""
+    def until_first_token(self, flight: Flight, now: float, before_tokens: int | None = None) -> float:
+        """Predicted seconds until `flight` has its first token (0 once it has).
+        `before_tokens`: the prompt tokens ahead of it still to prefill, when the caller
+        has them (else counted here: a walk over every request on the engine)."""
         if flight.first_at is not None:
             return 0.0
         own = self.prefill_s(flight.prompt_tokens - flight.cached_tokens)
         if flight.admitted_at is not None:  # prefilling since then
             return max(0.0, own - self.prefilled_s(flight, now))
-        here = self.ahead()
-        before = here[: here.index(flight)] if flight in here else here
-        return self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in before if f.first_at is None)) + own
+        if before_tokens is None:
+            here = self.ahead()
+            before = here[: here.index(flight)] if flight in here else here
+            before_tokens = sum(_to_prefill(f) for f in before)
+        return self.prefill_s(before_tokens) + own
 
     def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
         """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
@@ -399,28 +404,36 @@ class Lane:
         clears = 0.0  # when the last request it would hurt is done
         crowding = 0.0
         here = self.ahead()  # a held request is no victim: it is checked again when its hold ends
-        for f in here:
+        # Prompt tokens still to prefill before each request here and after it (but `skip`),
+        # counted once: per request they would make this quadratic in the requests here.
+        todo = [_to_prefill(f) for f in here]
+        before = list(itertools.accumulate(todo, initial=0))
+        pending = [0 if f is skip else t for f, t in zip(here, todo, strict=True)]
+        after = list(itertools.accumulate(reversed(pending), initial=0))  # after[k]: the last k
+        n = len(here)
+        running = max(1, self.running())
+        for i, f in enumerate(here):
             if f is skip or f.tpot_objective is None or f.output_tokens < 2:
                 continue  # (queued ones count too: they will decode beside it)
-            step = self.step_s(max(1, self.running()), f.prompt_tokens)
+            step = self.step_s(running, f.prompt_tokens)
             decoded = 0.0 if f.first_at is None else now - f.first_at
             # Its decode still has to sit through the prompts routed here after it, all of it
             # slower while a box-mate is busy.
-            remaining = stretch(f.remaining_s(step) + self.prefill_s(self.prefill_after(f, skip)), overlap)
+            remaining = stretch(f.remaining_s(step) + self.prefill_s(after[n - 1 - i]), overlap)
             slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
             if slack >= 0:
                 crowding = max(crowding, stall / slack if slack else math.inf)
             if 0 <= slack < stall:  # it tips this one over
                 hurt += 1
-                clears = max(clears, self.until_first_token(f, now) + remaining)
+                clears = max(clears, self.until_first_token(f, now, before[i]) + remaining)
         # With a chunk cap its chunks also share the steps of the prompts still to prefill
         # here, delaying their first tokens by up to its own prefill (without one it waits).
         late = 0
         if self.spec.chunk_tokens:
-            for f in here:
+            for i, f in enumerate(here):
                 if f is skip or f.first_at is not None or f.ttft_due is None:
                     continue
-                left = stretch(self.until_first_token(f, now), overlap)
+                left = stretch(self.until_first_token(f, now, before[i]), overlap)
                 if now + left <= f.ttft_due < now + left + min(stall, left):
                     late += 1
                     clears = max(clears, left)
@@ -451,6 +464,11 @@ class Lane:
             return 0.0
         flight.not_before = now + wait
         return wait
+
+
+def _to_prefill(f: Flight) -> int:
+    """`f`'s prompt tokens the engine has still to prefill (0 once it has its first token)."""
+    return f.prompt_tokens - f.cached_tokens if f.first_at is None else 0
 
 
 def stretch(seconds: float, mates_busy_s: float) -> float:

@@ -81,6 +81,10 @@ class LatencyModel:
         self._window = window
         self._tpot = _RobustFactor(window)
         self.observations = 0
+        # Predictions since the last observation: routing asks for the same ones many times
+        # per decision (every prompt on an engine, for every candidate), and they change
+        # only when an observation does.
+        self._memo: dict[tuple[int, int, int, int, int | None], Prediction] = {}
 
     def _base_work(self, prompt_tokens: int, cached_tokens: int, queued_ahead_tokens: int) -> float:
         p = self.profile
@@ -103,13 +107,21 @@ class LatencyModel:
         concurrency: int = 1,
         context_tokens: int | None = None,
     ) -> Prediction:
+        key = (prompt_tokens, cached_tokens, queued_ahead_tokens, concurrency, context_tokens)
+        memo = self._memo.get(key)
+        if memo is not None:
+            return memo
         ctx = prompt_tokens if context_tokens is None else context_tokens
-        return Prediction(
+        out = Prediction(
             ttft_s=self.profile.ttft_overhead_s * self._overhead.value
             + self._base_work(prompt_tokens, cached_tokens, queued_ahead_tokens)
             * self._work_factor(prompt_tokens - cached_tokens + queued_ahead_tokens),
             tpot_s=self._base_tpot(concurrency, ctx) * self._tpot.value,
         )
+        if len(self._memo) >= _MEMO_MAX:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
 
     def observe_ttft(
         self, seconds: float, *, prompt_tokens: int, cached_tokens: int = 0, queued_ahead_tokens: int = 0
@@ -150,8 +162,10 @@ class LatencyModel:
             return
         factor.add(ratio)
         self.observations += 1
+        self._memo.clear()
 
 
+_MEMO_MAX = 8192  # predictions remembered between observations (bounded memory)
 _MIN_BAND = 3  # observations before a band's factor is lent to its neighbours
 
 

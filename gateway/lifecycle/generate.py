@@ -25,6 +25,7 @@ async def _checked(
     cached-token count (the prompt is in the engine's cache by then); the flight (routing's
     timing record) sees when each output came."""
     first = True
+    meter.sent_prompt_tokens += prompt_tokens  # iterating `stream` sends it to the engine
     async for chunk in stream:
         if first:
             meter.prompt_tokens += prompt_tokens

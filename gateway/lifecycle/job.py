@@ -18,6 +18,7 @@ class Meter:
     """What the engine really did for a job so far: the quota is settled with this."""
 
     prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
+    sent_prompt_tokens: int = 0  # counted once a prompt is sent to the engine (its prefill starts)
     completion_tokens: int = 0
     # For the request log (gateway/request_log.py): what the engine reported on the way.
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache

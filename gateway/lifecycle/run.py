@@ -79,7 +79,8 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     flight = _fly(state.router, job)
     try:
         if flight is not None:
-            await _route_hold(job, flight)
+            assert state.router is not None  # a flight is routing's
+            await _unless_gone(_route_hold(job, flight, state.router), state, client_gone)
         if state.drain.draining:  # it arrived as the drain began: not worth queueing
             raise shutting_down()
         ticket = await _admit(wanted, state, client_gone)
@@ -107,15 +108,60 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
     return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route)
 
 
-async def _route_hold(job: Job, flight: Flight) -> None:
-    """Wait until routing lets the job go to its engine (its hold, on the engine's clock)."""
+async def _route_hold(job: Job, flight: Flight, router: Router) -> None:
+    """Wait until routing lets the job go to its engine (its hold, on the engine's clock).
+
+    Held requests of one class on one engine wait in line: only the first re-checks its
+    hold (each check walks every request on the engine), the others wait for it to go,
+    woken in turn. Each re-checking on its own made the checks quadratic in the requests
+    held, enough to stall the gateway with a thousand clients (BENCHMARKS.md, Soak)."""
     engine = job.served.engine
-    while True:
+
+    async def until_due() -> None:
         while (left := flight.not_before - engine.clock()) > 0:
             # The engine's clock may run faster than the wall clock (a simulated box): poll.
             await asyncio.sleep(min(0.25, left))
-        if not flight.hold_again():
-            return
+
+    await until_due()
+    if not flight.hold_again():
+        return
+    line = router.hold_line(job.served.name, "" if job.route is None else job.route.slo)
+    while True:
+        try:
+            await asyncio.wait_for(line.acquire(), timeout=0.25)
+            break
+        except TimeoutError:
+            # Waiting on for its turn would miss its first token's objective: it goes now
+            # (as the check would say; a cheap look at the clock, not the check itself).
+            if flight.ttft_due is not None and engine.clock() >= flight.ttft_due:
+                return
+    try:
+        while True:
+            await until_due()
+            if not flight.hold_again():
+                return
+    finally:
+        line.release()
+
+
+async def _unless_gone(work: Awaitable[None], state: AppState, client_gone: ClientGone) -> None:
+    """Wait for `work` (routing's hold), or for the client to leave: ClientLeft, and the work
+    is given up (a client gone while held no longer holds its quota until the hold ends)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+    if task.done() and not task.cancelled():
+        task.result()  # done (or failed): admission sees a client that left as well
+        return
+    state.counters.client_disconnects += 1
+    raise ClientLeft
 
 
 async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ticket:
@@ -164,6 +210,7 @@ class Running:
         self.stopped: GatewayError | None = None
         self._aborting: asyncio.Task[None] | None = None
         self._untrack = state.drain.track(self)  # last: the drain may abort it at once
+        self._left_counted = False  # its client's leaving is in counters.client_disconnects
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         log.info(
@@ -199,11 +246,22 @@ class Running:
             return
         self._released = True
         self._untrack()
+        if not (self.returned or self.failed or self._left_counted):
+            # The client left and the server noticed it first on a failed send (the stream
+            # was closed), not on its disconnect message: count it all the same.
+            self._left_counted = True
+            self.state.counters.client_disconnects += 1
         self.ticket.release()
         if self.flight is not None:
             self.flight.finish()
         m = self.job.meter
-        self.hold.settle(m.prompt_tokens, m.completion_tokens, returned=self.returned)
+        prompt = m.prompt_tokens
+        if not self.returned and not self.failed:
+            # The client left. One that leaves mid-prefill is charged its prompt too: the engine
+            # had it and spent its prefill on it (else hanging up just before the first token
+            # would make any prompt free, and uncounted).
+            prompt = max(prompt, m.sent_prompt_tokens)
+        self.hold.settle(prompt, m.completion_tokens, returned=self.returned)
         job = self.job
         end = job.served.engine.clock()
         self.state.recent.add_finished(
@@ -262,6 +320,7 @@ class Running:
 
         async def watch() -> None:
             await self.client_gone()
+            self._left_counted = True
             counters.client_disconnects += 1
             log.info("client went away: aborting %s", self.job.id)
             await generate.abort(self.job)
