@@ -14,6 +14,7 @@ from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
 from gateway.router import Router
 from gateway.settings import Settings
+from gateway.supervisor import Supervisor
 
 
 @dataclass
@@ -42,3 +43,5 @@ class AppState:
     # The last finished requests and rejections, for /dashboard (gateway/dashboard.py).
     recent: Recent = field(default_factory=Recent)
     metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)
+    # Engine deaths and restarts (gateway/supervisor.py); the app's lifespan starts it.
+    supervisor: Supervisor | None = None
