@@ -45,7 +45,8 @@ PoolOf = Callable[[ModelSettings, KVSpec], PoolLimits]  # what admission would s
 
 POLL_S = 0.25  # how often each watch task looks at its engine (a property read: cheap)
 SHUTDOWN_TIMEOUT_S = 60.0  # a dead engine's cleanup must not hold its restart forever
-UNREACHABLE_RETRY_S = 5.0  # Retry-After while a remote engine's host does not answer
+# Retry-After where no schedule tells better: a remote host away, a death not yet handled.
+GUESS_RETRY_S = 5.0
 
 
 async def _unavailable(name: str) -> AsyncIterator[EngineChunk]:
@@ -186,10 +187,8 @@ class Supervisor:
                 hints.append(max(0.0, h.next_restart_at - now) + (h.start_s or 1.0))
             elif h.state == "restarting":  # starting now
                 hints.append(h.start_s or 1.0)
-            elif h.state == "unreachable":
-                hints.append(UNREACHABLE_RETRY_S)
-            else:  # dead, not yet noticed by its watch
-                hints.append(1.0)
+            else:  # unreachable, or dead and not yet noticed by its watch
+                hints.append(GUESS_RETRY_S)
         return min(hints, default=None)
 
     def views(self) -> dict[str, dict[str, Any]]:
@@ -231,7 +230,7 @@ class Supervisor:
 
     async def _wait_for_host(self, m: ServedModel, engine: SupervisedEngine) -> None:
         h = self._died(m, engine, "engine host unreachable")
-        self.admission.close(m.name, UNREACHABLE_RETRY_S)
+        self.admission.close(m.name, GUESS_RETRY_S)
         h.state = "unreachable"
         log.error("engine %s: its host is unreachable; closed until it answers again", m.name)
         while not engine.inner.is_healthy:  # RemoteEngine's own poller claims its share again
@@ -308,6 +307,9 @@ class Supervisor:
                 await starting
             await self._shutdown(engine, m.name)
             raise
+        except Exception:
+            await self._shutdown(engine, m.name)  # whatever it started before it failed
+            raise
         h.start_s = time.monotonic() - t0
         return engine
 
@@ -315,4 +317,4 @@ class Supervisor:
         try:
             await asyncio.wait_for(engine.shutdown(), SHUTDOWN_TIMEOUT_S)
         except Exception:  # a dead engine may fail its own cleanup; the restart goes on
-            log.warning("engine %s: shutting the dead engine down failed", name, exc_info=True)
+            log.warning("engine %s: shutting the engine down failed", name, exc_info=True)
