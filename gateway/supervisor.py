@@ -244,18 +244,18 @@ class Supervisor:
         """Bring a dead engine back; False when the model is left down."""
         name, rule = m.name, restart_rule(m.settings)
         h = self._died(m, engine, "the engine died (its core process exited or stopped responding)")
-        decision = after_death(rule, h.death_times, self._clock())
-        self.admission.close(name, self._retry_hint(h, decision))
-        h.state = "restarting" if isinstance(decision, Restart) else "down"
         log.error("engine %s died (%d deaths so far)", name, h.deaths)
+        decision = after_death(rule, h.death_times, self._clock())
+        if isinstance(decision, GiveUp):  # say so before anything awaits: /ready may look
+            self._leave_down(name, h, decision.reason)
+            await self._shutdown(engine.inner, name)
+            return False
+        self.admission.close(name, self._retry_hint(h, decision))
+        h.state, h.next_restart_at = "restarting", self._clock() + decision.after_s  # backoff from the death
         await self._shutdown(engine.inner, name)
         while True:
-            if isinstance(decision, GiveUp):
-                return self._leave_down(name, h, decision.reason)
-            h.state = "restarting"
-            h.next_restart_at = self._clock() + decision.after_s
             log.warning("engine %s: restarting in %.3gs", name, decision.after_s)
-            await asyncio.sleep(decision.after_s)
+            await asyncio.sleep(max(0.0, (h.next_restart_at or 0.0) - self._clock()))
             h.next_restart_at = None
             self.admission.close(name, self._retry_hint(h, Restart(0.0, 0)))
             try:
@@ -266,7 +266,10 @@ class Supervisor:
                 h.death_times.append(self._clock())
                 h.reason = h.last_death = f"restart failed: {e}"
                 decision = after_death(rule, h.death_times, self._clock())
+                if isinstance(decision, GiveUp):
+                    return self._leave_down(name, h, decision.reason)
                 self.admission.close(name, self._retry_hint(h, decision))
+                h.next_restart_at = self._clock() + decision.after_s
                 continue
             before = PoolShape(limits=self.admission.pool_limits(name), block_size=engine.kv_spec.block_size)
             after = PoolShape(limits=self._pool_of(m.settings, new.kv_spec), block_size=new.kv_spec.block_size)
@@ -288,10 +291,8 @@ class Supervisor:
         log.error("engine %s left down: %s", name, h.reason)
         return False
 
-    def _retry_hint(self, h: EngineHealth, decision: Restart | GiveUp) -> float | None:
-        """Seconds until the model should serve again: the backoff and a start (None: not soon)."""
-        if isinstance(decision, GiveUp):
-            return None
+    def _retry_hint(self, h: EngineHealth, decision: Restart) -> float:
+        """Seconds until the model should serve again: the backoff and a start."""
         return decision.after_s + (h.start_s or 1.0)
 
     async def _start(self, m: ServedModel, h: EngineHealth) -> Engine:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -49,11 +48,13 @@ def config(tmp: Path, port: int) -> Path:
     return out
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    """A gateway of its own per test: a model left down must not leak into another test."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One gateway for the module: each test kills only its own model and asserts on that
+    model's state (the fragile one stays down, so /ready stays 503 after its test)."""
+    tmp = tmp_path_factory.mktemp("restart")
     port = free_port()
-    with launch(config(tmp_path, port), tmp_path / "server.log", port) as srv:
+    with launch(config(tmp, port), tmp / "server.log", port) as srv:
         yield srv
 
 
@@ -69,15 +70,6 @@ def wait_state(server: Server, model: str, state: str, timeout: float = 30.0) ->
             pytest.fail(f"{model} not {state} after {timeout}s: {r.json()}")
         time.sleep(0.05)
     return r
-
-
-def wait_ready(server: Server, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (r := ready(server)).status_code != 200:
-        if time.monotonic() > deadline:
-            pytest.fail(f"not ready again after {timeout}s: {r.json()}")
-        time.sleep(0.1)
-    return r.json()  # type: ignore[no-any-return]
 
 
 def metric(server: Server, name: str, model: str) -> float:
@@ -157,8 +149,9 @@ def test_a_dead_engine_fails_cleanly_and_is_restarted(server: Server) -> None:
     assert requests_total(server, STEADY, "failed") == 2.0  # the stream and the crash request
     assert requests_total(server, STEADY, "completed") == 0.0
     # Restarted after its backoff, without restarting the gateway.
-    body = wait_ready(server)
+    body = wait_state(server, STEADY, "up", timeout=120).json()
     assert time.monotonic() - died >= BACKOFF_S * 0.9
+    assert not any(STEADY in reason for reason in body.get("reasons", []))
     assert body["models"][STEADY] == {
         "state": "up",
         "deaths": 1,
@@ -176,7 +169,7 @@ def test_a_dead_engine_fails_cleanly_and_is_restarted(server: Server) -> None:
 def test_a_model_that_keeps_dying_stays_down(server: Server) -> None:
     client = sdk_client(server)
     crash(client, FRAGILE)
-    wait_ready(server)  # the first death is restarted (after 0.5 s)
+    wait_state(server, FRAGILE, "up", timeout=120)  # the first death is restarted (after 0.5 s)
     crash(client, FRAGILE)  # the second within the window is max_deaths: it stays down
     r = wait_state(server, FRAGILE, "down")
     assert r.status_code == 503
