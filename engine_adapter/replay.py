@@ -6,7 +6,9 @@ tool-call parsing, streaming and accounting can be tested end to end without a G
 
 Which recording: the prompt's token ids are decoded and the last `[[replay:NAME]]` tag in
 the text picks (in a chat, the last user message's tag); no tag: `answer`. An unknown name
-is an EngineRequestInvalid.
+is an EngineRequestInvalid. `[[replay:crash]]` kills the engine, as if its process died: that
+request and every stream in flight fail with EngineUnavailable and the engine stays
+unhealthy (for tests of the gateway's engine supervision; a new engine must be started).
 
 Streaming: the recording's token ids (the model's own tokenizer, no special tokens added)
 then EOS (`<|im_end|>`), one token per chunk. Each chunk's text is the increment of the
@@ -55,6 +57,7 @@ from engine_adapter.recordings import RECORDINGS, select
 log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|im_end|>"
+CRASH = "crash"  # the tag name that kills the engine
 # The tiny Qwen3's attention (models/tiny-qwen3): 2 layers, 2 KV heads of 32 dims, bfloat16.
 _LAYERS, _KV_HEADS, _HEAD_DIM, _DTYPE_BYTES = 2, 2, 32, 2
 
@@ -120,6 +123,12 @@ class ReplayEngine:
         for stream in self._streams.values():
             stream.aborted.set()  # wake a waiting stream: it then finds the engine down
         self._streams.clear()
+
+    def _crash(self) -> None:
+        log.error("replay engine %s: crash requested; every stream in flight fails", self.name)
+        self._running = False
+        for stream in self._streams.values():
+            stream.aborted.set()  # wake it: it finds the engine down and raises
 
     # -- facts ---------------------------------------------------------------------
 
@@ -192,6 +201,9 @@ class ReplayEngine:
             raise EngineRequestInvalid("n must be at least 1")
         check_request(request, max_model_len=self.max_model_len, active=self._streams)
         name = select(self._tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False))
+        if name == CRASH:
+            self._crash()
+            raise EngineUnavailable(f"engine {self.name} died (crash requested)")
         if name not in self._ids:
             raise EngineRequestInvalid(
                 f"the replay engine has no recording {name!r} (tag [[replay:NAME]] with NAME one of "
@@ -275,7 +287,7 @@ class ReplayEngine:
                     return
                 await self._pace(stream)
                 if not self._running:
-                    raise EngineUnavailable(f"engine {self.name} shut down")
+                    raise EngineUnavailable(f"engine {self.name} is down (shut down or died)")
             # Aborted (the loop always finishes at EOS otherwise).
             yield EngineChunk(
                 choices=tuple(ChoiceDelta(index=c, text="", token_ids=(), finish_reason="abort") for c in range(s.n)),

@@ -502,7 +502,9 @@ class VllmLocalEngine:
             async for out in stream:
                 yield out
         except engine_exc.EngineDeadError as e:
-            raise EngineUnavailable(f"engine {self.name} died: {e}") from e
+            # vLLM's text points at a stack trace in the server's log: not for the client.
+            log.warning("engine %s died under a request: %s", self.name, e)
+            raise EngineUnavailable(f"engine {self.name} died (its core process exited); retry shortly") from e
         except client_errors as e:
             raise EngineRequestInvalid(str(e)) from e
         except engine_exc.EngineGenerateError as e:

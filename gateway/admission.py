@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError, from_reject
 from policies.admission import Admission
-from policies.demand import Admit, Demand, PoolLimits, PoolSnapshot, Queue, QueueLimits, Reject
+from policies.demand import Admit, Demand, PoolLimits, PoolSnapshot, Queue, QueueLimits, Reject, RejectReason
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,9 @@ class AdmissionControl:
         self.metrics.rejected[reject.reason.label] += 1
         self.metrics.by_pool[pool, "rejected:" + reject.reason.label] += 1
         retry = None
-        if reject.retry_after is not None:
+        if reject.reason is RejectReason.POOL_CLOSED:
+            retry = reject.retry_after  # seconds already: the engine's restart schedule
+        elif reject.retry_after is not None:
             # The policy counts rounds of the pool's slots; a round lasts about one service time.
             retry = reject.retry_after * self._service_s.get(pool, 1.0)
         return from_reject(reject, retry)
@@ -178,8 +180,19 @@ class AdmissionControl:
         self._service_s[pool] = held if prev is None else (1 - _EWMA) * prev + _EWMA * held
         self._dispatch(self.state.release(ticket.id))
 
-    def close(self, pool: str) -> None:
-        self._dispatch(self.state.close(pool))
+    def close(self, pool: str, retry_after_s: float | None = None) -> None:
+        """Turn away the pool's queue and newcomers (503 `engine_unavailable`, Retry-After
+        `retry_after_s`; None: no retry hint) until `reopen`."""
+        self._dispatch(self.state.close(pool, retry_after_s))
+
+    def reopen(self, pool: str) -> None:
+        self._dispatch(self.state.reopen(pool))
+
+    def is_closed(self, pool: str) -> bool:
+        return self.state.is_closed(pool)
+
+    def pool_limits(self, pool: str) -> PoolLimits:
+        return self.state.pool_limits(pool)
 
     def snapshot(self, pool: str) -> PoolSnapshot:
         return self.state.snapshot(pool)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -26,6 +27,7 @@ from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
 from gateway.state import AppState, Counters
+from gateway.supervisor import SupervisedEngine, Supervisor
 from gateway.text import tokenizer as fast_tokenizer
 from gateway.text.templates import output_formats
 from policies.demand import PoolLimits, QueueLimits
@@ -160,11 +162,16 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
         served: list[ServedModel] = []
         quota = QuotaGate.from_settings(settings.quotas)
         stored = responses_store.from_settings(settings)
+        supervisor: Supervisor | None = None
+        start_s: dict[str, float] = {}
         try:
             await quota.start()
             for model in settings.models:
-                engine = paced(engine_factory(settings, model), model.token_pace_s)
-                await engine.start()
+                t0 = time.monotonic()
+                started = paced(engine_factory(settings, model), model.token_pace_s)
+                await started.start()
+                start_s[model.name] = time.monotonic() - t0
+                engine = SupervisedEngine(started)  # the supervisor swaps a restarted engine in
                 # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
                 tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer)
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
@@ -185,9 +192,21 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
             )
             if state.metrics is not None:
                 state.metrics.bind(state)
+            state.supervisor = supervisor = Supervisor(
+                served,
+                state.admission,
+                lambda model: engine_factory(settings, model),
+                pool_limits,
+                start_s=start_s,
+            )
+            if state.router is not None:
+                state.router.down_retry_after = supervisor.retry_after
+            supervisor.start()
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             yield
         finally:
+            if supervisor is not None:
+                await supervisor.stop()  # no restart may race the shutdown below
             drain.begin()  # /ready: 503 while the engines shut down
             for m in served:
                 await m.engine.shutdown()

@@ -57,6 +57,9 @@ def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
+retry_after_header = _retry_after  # for the modules that build an error's headers themselves
+
+
 class GatewayError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
@@ -246,6 +249,8 @@ def from_reject(reject: Reject, retry_after_s: float | None = None) -> GatewayEr
         cls = RateLimited
     elif reason is RejectReason.POOL_CLOSED:
         cls = EngineUnavailableError
+        if retry_after_s is None:
+            headers["x-should-retry"] = "false"  # left down (see /ready): the SDK's retries cannot help
     elif reason.status == 503:
         cls = Overloaded
     else:

@@ -273,6 +273,17 @@ class LiveCollector(Collector):
             ["model"],
             (([m.name], float(m.engine.is_healthy)) for m in models),
         )
+        health = st.supervisor.health if st.supervisor is not None else {}
+        for name, doc, attr in [
+            ("sparkgate_engine_deaths", "Times the model's engine died (or its host became unreachable).", "deaths"),
+            ("sparkgate_engine_restarts", "Times the model's engine was restarted and served again.", "restarts"),
+        ]:
+            yield _counter(
+                name,
+                doc,
+                ["model"],
+                (([m.name], float(getattr(health[m.name], attr, 0))) for m in models if m.name in health),
+            )
         yield _gauge(
             "sparkgate_inflight_requests",
             "Requests whose answer is being produced.",

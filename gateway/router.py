@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.auth import Principal
-from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
+from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable, retry_after_header
 from gateway.registry import ServedModel
 from gateway.settings import RoutingSettings
 from policies.lanes import Flight, LaneSpec
@@ -86,6 +86,9 @@ class Router:
         # Routing decisions for /metrics: (model, decision) -> count (gateway/metrics.py).
         self.decisions: Counter[tuple[str, str]] = Counter()
         self._hold_lines: dict[tuple[str, str], asyncio.Lock] = {}
+        # When models that are down should serve again (None: not soon); the engine
+        # supervisor sets it (gateway/supervisor.py), else the load model's guess is used.
+        self.down_retry_after: Callable[[Sequence[str]], float | None] | None = None
 
     def hold_line(self, model: str, slo: str) -> asyncio.Lock:
         """The line held requests of class `slo` wait in for `model` (first come, first
@@ -123,7 +126,12 @@ class Router:
         if isinstance(out, RouteInfo):
             return out
         if out.kind == "unavailable":  # down is not slow: a 503 to retry, not an SLO verdict
-            raise EngineUnavailableError(out.message, headers={"Retry-After": f"{out.retry_after_s:g}"})
+            retry: float | None = out.retry_after_s
+            if self.down_retry_after is not None:
+                retry = self.down_retry_after(query.candidates)
+            if retry is None:  # every candidate is left down: retrying cannot help
+                raise EngineUnavailableError(out.message, headers={"x-should-retry": "false"})
+            raise EngineUnavailableError(out.message, headers={"Retry-After": retry_after_header(retry)})
         raise SloUnattainable(out.message, retry_after_s=out.retry_after_s)
 
     def fly(

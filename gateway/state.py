@@ -16,6 +16,7 @@ from gateway.registry import ModelRegistry
 from gateway.responses_store import MemoryResponseStore, ResponseStore
 from gateway.router import Router
 from gateway.settings import FailedAuthSettings, Settings
+from gateway.supervisor import Supervisor
 
 
 @dataclass
@@ -48,6 +49,8 @@ class AppState:
     metrics: Metrics | None = None  # GET /metrics (settings.metrics.enabled)
     # Failed authentications per client address; the app's lifespan builds it from auth.failed.
     failed_auth: FailedAuthTable = field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
+    # Engine deaths and restarts (gateway/supervisor.py); the app's lifespan starts it.
+    supervisor: Supervisor | None = None
 
     @property
     def draining(self) -> bool:

@@ -85,6 +85,7 @@ class _Pool:
     class_queued: dict[int, int] = field(default_factory=dict)
     user_queued: dict[str, int] = field(default_factory=dict)
     closed: bool = False
+    closed_retry_s: float | None = None  # when to try again while closed (None: not soon)
 
     @property
     def used(self) -> int:
@@ -125,7 +126,7 @@ class Admission:
         """A new job. Returns its decision and what else changed (entries displaced from the queue)."""
         pool = self._pools[d.pool]
         if pool.closed:
-            return Reject(d.id, RejectReason.POOL_CLOSED, f"Model {d.pool} is not accepting requests."), []
+            return self._closed(d.id, pool), []
         if d.worst_case_blocks > pool.limits.blocks or d.sequences > pool.limits.max_sequences:
             return self._too_large(d, pool), []
         if self._user_queued(pool, d.user) >= self.limits.max_queued_per_user:
@@ -236,16 +237,31 @@ class Admission:
 
     # -- capacity --------------------------------------------------------------
 
-    def close(self, pool_name: str) -> list[Reject]:
-        """The pool's engine is gone: reject everyone waiting for it."""
+    def close(self, pool_name: str, retry_after_s: float | None = None) -> list[Reject]:
+        """The pool's engine is gone: reject everyone waiting for it, and every newcomer until
+        `reopen`, with `retry_after_s` (seconds; None: it is not coming back soon). Holdings stay
+        until their jobs release them. Closing a closed pool updates its retry hint."""
         pool = self._pools[pool_name]
         pool.closed = True
+        pool.closed_retry_s = retry_after_s
         rejects = []
         for w in [w for w in self._where.values() if w.demand.pool == pool_name]:
             self._unqueue(pool, w)
-            message = f"Model {pool_name} is not accepting requests."
-            rejects.append(Reject(w.demand.id, RejectReason.POOL_CLOSED, message))
+            rejects.append(self._closed(w.demand.id, pool))
         return rejects
+
+    def reopen(self, pool_name: str) -> list[Admit]:
+        """The pool's engine serves again (the same pool: see policies/restart.py)."""
+        pool = self._pools[pool_name]
+        pool.closed = False
+        pool.closed_retry_s = None
+        return self._schedule_all()
+
+    def is_closed(self, pool_name: str) -> bool:
+        return self._pools[pool_name].closed
+
+    def pool_limits(self, pool_name: str) -> PoolLimits:
+        return self._pools[pool_name].limits
 
     def snapshot(self, pool_name: str) -> PoolSnapshot:
         p = self._pools[pool_name]
@@ -271,6 +287,14 @@ class Admission:
             if job_id in pool.holdings:
                 return name
         return None
+
+    def _closed(self, job_id: str, pool: _Pool) -> Reject:
+        return Reject(
+            job_id,
+            RejectReason.POOL_CLOSED,
+            f"Model {pool.limits.name} is not accepting requests: its engine is unavailable.",
+            retry_after=pool.closed_retry_s,
+        )
 
     def _too_large(self, d: Demand, pool: _Pool) -> Reject:
         lim = pool.limits

@@ -3,7 +3,8 @@
 /health: the process serves (liveness): 200 `{"status": "ok"}`, nothing more.
 /ready: it can take traffic (readiness): every engine up, the quota store reachable (Redis
 with `on_outage: closed`; `open` serves on local limits meanwhile, so it stays ready and
-says so), not draining. 503 with the reasons otherwise.
+says so), not draining. 503 with the reasons otherwise. `models` has each engine's health
+(gateway/supervisor.py): {"state": "restarting", "reason": ..., "deaths": 1, "restarts": 0}.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
     """Why the gateway is not ready (empty: it is), and what is degraded but served."""
     if state is None:
         return ["starting"], []
-    reasons = [f"engine {m.name}: unavailable" for m in state.registry if not m.engine.is_healthy]
+    health = state.supervisor.views() if state.supervisor is not None else {}
+    reasons = []
+    for m in state.registry:
+        if not m.engine.is_healthy:
+            h = health.get(m.name)
+            why = "unavailable" if h is None or h["state"] == "up" else f"{h['state']} ({h.get('reason')})"
+            reasons.append(f"engine {m.name}: {why}")
     warnings = []
     if state.quota.is_down:
         if state.quota.settings.on_outage == "closed":
@@ -41,23 +48,36 @@ def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
     return reasons, warnings
 
 
+def engine_health(state: AppState) -> dict[str, dict[str, Any]]:
+    """Each model's engine: state (up, restarting, down, unreachable), reason, deaths, restarts."""
+    views = state.supervisor.views() if state.supervisor is not None else {}
+    out = {}
+    for m in state.registry:
+        view = dict(views.get(m.name) or {"state": "up", "deaths": 0, "restarts": 0})
+        if view["state"] == "up" and not m.engine.is_healthy:  # dead, not yet noticed by its watch
+            view["state"] = "unavailable"
+        out[m.name] = view
+    return out
+
+
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     state: AppState | None = getattr(request.app.state, "sparkgate", None)
     reasons, warnings = readiness(state)
-    body: dict[str, Any] = {"status": "ok" if not reasons else "not_ready"}
+    body: dict[str, Any] = {"status": "ok" if not reasons else "not_ready", "ready": not reasons}
     if reasons:
         body["reasons"] = reasons
     if warnings:
         body["warnings"] = warnings
     if state is not None:
-        body["models"] = {m.name: ("ok" if m.engine.is_healthy else "unavailable") for m in state.registry}
+        body["models"] = engine_health(state)
     return JSONResponse(body, status_code=503 if reasons else 200)
 
 
 @router.get("/sparkgate/stats")
 async def stats(state: State, caller: Caller) -> dict[str, Any]:
     engines = {}
+    health = engine_health(state)
     for m in state.registry:
         engines[m.name] = {
             "stats": dataclasses.asdict(m.engine.stats()),
@@ -65,6 +85,7 @@ async def stats(state: State, caller: Caller) -> dict[str, Any]:
             "inflight": state.counters.by_model_inflight.get(m.name, 0),
             "admission": dataclasses.asdict(state.admission.snapshot(m.name)),
             "tokenizer": getattr(m.tokenizer, "backend", "huggingface"),
+            "health": health[m.name],
         }
     c = state.counters
     a = state.admission.metrics

@@ -349,10 +349,15 @@ class Running:
                 self.failed = True
                 self.state.counters.failed += 1
                 return
-            self.state.counters.completed += 1
-            self.returned = True
+            if self.job.meter.error_code is None:
+                self.state.counters.completed += 1
+                self.returned = True
+            else:  # an error event ended the stream (an engine death): the answer is cut short
+                self.failed = True
+                self.state.counters.failed += 1
         except Exception:
             self.failed = True
+            self.state.counters.failed += 1
             raise
         finally:
             await chunks.aclose()  # aborts engine requests still running
@@ -384,9 +389,7 @@ class Running:
             raise
         except Exception:
             self.failed = True
-            state.counters.failed += 1
-            if not job.served.engine.is_healthy:
-                state.admission.close(job.served.name)  # nobody waiting for a dead engine should wait on
+            state.counters.failed += 1  # an engine death closes admission in gateway/supervisor.py
             raise
         finally:
             await chunks.aclose()

@@ -145,7 +145,8 @@ def test_health_is_liveness_and_ready_tells_the_engines(gateway: Server) -> None
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     r = httpx.get(f"{gateway.base_url}/ready")
     assert r.status_code == 200, r.text
-    assert r.json() == {"status": "ok", "models": {MODEL: "ok", SLOW: "ok", ONE: "ok"}}
+    up = {"state": "up", "deaths": 0, "restarts": 0}
+    assert r.json() == {"status": "ok", "ready": True, "models": {MODEL: up, SLOW: up, ONE: up}}
     # Probes are not request-logged (they come every few seconds).
     assert not any('"path": "/ready"' in line or '"path": "/health"' in line for line in lines(gateway))
 

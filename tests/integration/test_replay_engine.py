@@ -155,6 +155,20 @@ async def test_an_unknown_tag_is_rejected(engine: ReplayEngine) -> None:
     assert engine.stats().running == 0
 
 
+async def test_the_crash_tag_kills_the_engine_and_its_streams(engine: ReplayEngine) -> None:
+    stream = engine.generate(request("live", chat_prompt(engine, tag("long"))))
+    first = await anext(stream)
+    assert not first.finished and engine.is_healthy
+    with pytest.raises(EngineUnavailable, match="died"):
+        await collect(engine, request("boom", chat_prompt(engine, tag("crash"))))
+    assert not engine.is_healthy
+    with pytest.raises(EngineUnavailable):  # the stream in flight fails, as on a dead vLLM core
+        async for _ in stream:
+            pass
+    with pytest.raises(EngineUnavailable):  # and it stays dead: a new engine must be started
+        await collect(engine, request("after", chat_prompt(engine, "hi")))
+
+
 async def test_structured_output_is_rejected(engine: ReplayEngine) -> None:
     req = request("json", chat_prompt(engine, "hi"), structured=StructuredOutput(json_object=True))
     with pytest.raises(EngineRequestInvalid, match="cannot follow a grammar"):

@@ -362,6 +362,22 @@ def test_close_rejects_waiters_and_new_requests() -> None:
     assert a.release(running.id) == []
 
 
+def test_a_closed_pool_says_when_to_retry_and_reopens() -> None:
+    a = make(blocks=1)
+    running = demand()
+    offer(a, running)
+    a.close("m", 7.5)
+    r = offer(a, demand())
+    assert isinstance(r, Reject) and r.retry_after == 7.5 and a.is_closed("m")
+    a.close("m", None)  # left down: no retry hint
+    r = offer(a, demand())
+    assert isinstance(r, Reject) and r.retry_after is None
+    assert a.snapshot("m").admitted == 1  # holdings stay until their jobs release them
+    assert a.reopen("m") == [] and not a.is_closed("m")
+    assert isinstance(offer(a, demand("late")), Queue)  # the running one still holds the block
+    assert a.release(running.id) != []  # ...and its release admits the newcomer
+
+
 def test_position_counts_more_urgent_classes() -> None:
     a = make(blocks=1)
     offer(a, demand("a"))

@@ -41,7 +41,9 @@ def test_a_request_without_a_job_has_a_generated_id_and_no_usage() -> None:
 def _state(*, healthy: bool = True, quota_down: bool = False, on_outage: str = "closed", draining: bool = False) -> Any:
     engine = SimpleNamespace(is_healthy=healthy)
     quota = SimpleNamespace(is_down=quota_down, settings=SimpleNamespace(on_outage=on_outage))
-    return SimpleNamespace(registry=[SimpleNamespace(name="tiny", engine=engine)], quota=quota, draining=draining)
+    return SimpleNamespace(
+        registry=[SimpleNamespace(name="tiny", engine=engine)], quota=quota, draining=draining, supervisor=None
+    )
 
 
 def test_readiness_names_every_reason() -> None:
