@@ -132,7 +132,8 @@ def test_health_needs_no_key(server: Server) -> None:
     r = httpx.get(f"{server.base_url}/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}  # liveness: nothing more
     r = httpx.get(f"{server.base_url}/ready")
-    assert r.status_code == 200 and r.json()["models"] == {DENSE: "ok", MOE: "ok"}
+    assert r.status_code == 200 and r.json()["ready"] is True
+    assert {name: m["state"] for name, m in r.json()["models"].items()} == {DENSE: "up", MOE: "up"}
 
 
 def test_key_context_limit_is_400_context_length_exceeded(server: Server) -> None:
