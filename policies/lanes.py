@@ -336,12 +336,6 @@ class Lane:
             before_tokens = sum(_to_prefill(f) for f in before)
         return self.prefill_s(before_tokens) + own
 
-    def prefill_after(self, flight: Flight, skip: Flight | None = None) -> int:
-        """Prompt tokens of the requests routed here after `flight` (but `skip`) still to prefill."""
-        here = self.ahead()
-        later = here[here.index(flight) + 1 :] if flight in here else []
-        return sum(f.prompt_tokens - f.cached_tokens for f in later if f.first_at is None and f is not skip)
-
     def prefill_ahead_s(self, new_tokens: int) -> float:
         """Predicted seconds of other prompts' prefill before a new prompt of `new_tokens`
         has prefilled. Without a chunk cap the engine prefills first come, first served: all

@@ -373,6 +373,7 @@ def test_a_closed_pool_says_when_to_retry_and_reopens() -> None:
     r = offer(a, demand())
     assert isinstance(r, Reject) and r.retry_after is None
     assert a.snapshot("m").admitted == 1  # holdings stay until their jobs release them
+    assert a.pool_limits("m").blocks == 1  # what a restarted engine's pool must match
     assert a.reopen("m") == [] and not a.is_closed("m")
     assert isinstance(offer(a, demand("late")), Queue)  # the running one still holds the block
     assert a.release(running.id) != []  # ...and its release admits the newcomer

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from policies import latency
 from policies.latency import LatencyModel, Profile, slot_wait
 
 A3B = Profile(prefill_tokens_per_s=4500, ttft_overhead_s=0.05, tpot_s=1 / 171, tpot_per_sequence_s=0.0007)
@@ -101,3 +102,13 @@ def test_an_observation_below_the_other_term_is_ignored() -> None:
     m.observe_ttft(0.2, prompt_tokens=2000)  # less than the overhead alone: no work ratio to learn
     m.observe_ttft(0.001, prompt_tokens=10)  # less than the work alone: no overhead ratio either
     assert m.observations == 0
+
+
+def test_remembered_predictions_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(latency, "_MEMO_MAX", 4)
+    m = LatencyModel(A3B)
+    first = m.predict(prompt_tokens=100)
+    for n in range(1, 10):
+        m.predict(prompt_tokens=100 + n)
+        assert len(m._memo) <= 4
+    assert m.predict(prompt_tokens=100) == first  # forgotten, then predicted the same again
