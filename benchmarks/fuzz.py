@@ -26,9 +26,6 @@ if __name__ == "__main__":  # tests import this module too: leave their sys.path
 
 import argparse
 import contextlib
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -37,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
+
+from benchmarks.gateway_process import free_port, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-fuzz-key"
@@ -79,48 +77,14 @@ def gateway_config(port: int, **limits: Any) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serve(workdir: Path, **limits: Any) -> Iterator[str]:
     """`sparkgate serve` on `gateway_config` until the block exits; yields its base URL."""
     port = free_port()
     config = workdir / "fuzz.yaml"
     config.write_text(yaml.safe_dump(gateway_config(port, **limits)))
-    log_path = workdir / "fuzz-server.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server did not start:\n{log_path.read_text()[-3000:]}")
-                time.sleep(0.5)
-            yield base
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with launch(config, workdir / "fuzz-server.log", port, startup_timeout_s=STARTUP_TIMEOUT_S) as proc:
+        yield proc.base_url
 
 
 @dataclass

@@ -30,25 +30,23 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import math
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks.gateway_process import free_port, launch
 from gateway import runtime_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,53 +232,6 @@ class Direct:
 
 
 # -- gateway: `sparkgate serve` in a subprocess --------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def launch(config: Path, log_path: Path, port: int) -> Iterator[str]:
-    """`sparkgate serve --config` until the block exits; its base URL."""
-    import httpx
-
-    out = log_path.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        # Its own process group (to stop it and its engine processes together) but not its own session:
-        # a new session is a new scheduler autogroup, and on this kernel (EEVDF, autogroup on) an engine
-        # spinning in another autogroup stalls this process's timers and reads for seconds.
-        process_group=0,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
-            time.sleep(1)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        out.close()
 
 
 class Gateway:
@@ -549,8 +500,8 @@ async def run_gateway(k: int, capacity_rps: float, slo: Slo, window_s: float, tm
     path = tmp / "overload.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log(f"gateway: starting `sparkgate serve --config {path}` (log: {tmp / 'gateway.log'})")
-    with launch(path, tmp / "gateway.log", port) as base:
-        gw = Gateway(base)
+    with launch(path, tmp / "gateway.log", port, startup_timeout_s=STARTUP_TIMEOUT_S) as proc:
+        gw = Gateway(proc.base_url)
         try:
             await together(gw.send, 1, 90)  # the same warm-up as the direct engine's
             await together(gw.send, k, 91)

@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks.overload import free_port, launch
+from benchmarks.gateway_process import free_port, launch
 from gateway.settings import hash_key
 from gateway.text.templates import history_prefix
 from policies import prefix
@@ -253,7 +253,8 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d:
         port = free_port()
         cfg = config(Path(d), port, args.model, keys, args.kv, args.max_len)
-        with launch(cfg, Path(d) / "gateway.log", port) as base:
+        with launch(cfg, Path(d) / "gateway.log", port) as proc:
+            base = proc.base_url
             stats = httpx.get(f"{base}/sparkgate/stats", headers={"Authorization": f"Bearer {keys['norm']}"}).json()
             block = stats["engines"]["m"]["kv"]["block_size"]
             teams = [Team("raw", keys["raw"], tok, block), Team("norm", keys["norm"], tok, block)]

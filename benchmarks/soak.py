@@ -51,6 +51,8 @@ from typing import Any
 
 import yaml
 
+from benchmarks.gateway_process import Gateway, free_port, launch
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = [f"sk-soak-{i:02d}" for i in range(20)]
 LIMITED_KEY = KEYS[-1]  # a key with a small rpm: its 429s are intended
@@ -72,12 +74,6 @@ STARTUP_TIMEOUT_S = 420
 
 def log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the servers --------------------------------------------------------------------------
@@ -132,50 +128,6 @@ def soak_config(
     path = tmp / "soak.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-@dataclass(frozen=True)
-class Gateway:
-    base_url: str
-    pid: int
-
-
-@contextlib.contextmanager
-def launch(config: Path, log_path: Path, port: int) -> Iterator[Gateway]:
-    """`sparkgate serve --config` until the block exits."""
-    import httpx
-
-    out = log_path.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        process_group=0,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
-            time.sleep(0.5)
-        yield Gateway(base, proc.pid)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        out.close()
 
 
 # -- the clients ------------------------------------------------------------------------------
@@ -545,7 +497,7 @@ def main() -> int:
             cfg = soak_config(tmp, port, redis_url, speedup=args.speedup, routing=not args.no_routing)
             log_path = ROOT / ".cache" / "soak-gateway.log"
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with launch(cfg, log_path, port) as gw:
+            with launch(cfg, log_path, port, startup_timeout_s=STARTUP_TIMEOUT_S) as gw:
                 res = asyncio.run(soak(gw, redis_url, args))
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
