@@ -12,13 +12,11 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 import redis
 import yaml
 
@@ -36,16 +34,6 @@ LONG = 5000
 EXIT_TIMEOUT_S = 60
 MESSAGES = [{"role": "user", "content": "Tell me about draining."}]
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture
-def redis_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("drain-redis"))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _config(tmp: Path, port: int, redis_url: str, grace_s: float, max_num_seqs: int) -> Path:
@@ -77,7 +65,9 @@ def _config(tmp: Path, port: int, redis_url: str, grace_s: float, max_num_seqs: 
 
 
 def _serve(tmp: Path, redis_srv: RedisServer, grace_s: float, max_num_seqs: int) -> Any:
-    redis.Redis.from_url(redis_srv.url).flushdb()  # the counters from zero
+    r = redis.Redis.from_url(redis_srv.url)
+    for key in r.scan_iter(f"{PREFIX}*"):  # the counters from zero (the server is the session's)
+        r.delete(key)
     port = free_port()
     return launch(_config(tmp, port, redis_srv.url, grace_s, max_num_seqs), tmp / "server.log", port)
 
@@ -147,7 +137,7 @@ def _assert_refused(r: httpx.Response) -> None:
     assert r.headers["connection"] == "close"
 
 
-def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_srv: RedisServer) -> None:
+def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_server: RedisServer) -> None:
     """Four slots: three short streams and a long one run, a fifth request queues. SIGTERM:
     the queued request and a new one get 503 at once, /ready 503, /health still 200; the
     short streams run to their end; the long one keeps the drain open until a second SIGTERM
@@ -177,7 +167,7 @@ def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_srv: Redi
         await long.task
         return short, long, refused, await _exited(server)
 
-    with _serve(tmp_path, redis_srv, grace_s=300, max_num_seqs=4) as server:
+    with _serve(tmp_path, redis_server, grace_s=300, max_num_seqs=4) as server:
         short, long, refused, code = asyncio.run(scenario(server))
     assert code == 0
     _assert_refused(refused)
@@ -187,7 +177,7 @@ def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_srv: Redi
     assert long.error is not None and isinstance(long.error.body, dict), long.error
     assert long.error.body["code"] == "server_shutting_down"
     assert long.finish is None and long.text  # cut after some output
-    counters, live, leases = _redis_after(redis_srv)
+    counters, live, leases = _redis_after(redis_server)
     assert counters.get("reserved", 0) == 0 and live == 0 and leases == 0, (counters, live, leases)
     assert counters["requests"] == 4  # the refused ones were never charged
     returned = sum(s.usage.total_tokens for s in short)
