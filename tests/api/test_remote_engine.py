@@ -302,11 +302,18 @@ def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Host) -
     assert stats(gateway)["engines"][MODEL]["admission"]["used_blocks"] == 0
 
 
+def _state(gateway: Server, model: str) -> str:
+    state: str = httpx.get(f"{gateway.base_url}/ready").json()["models"][model]["state"]
+    return state
+
+
 def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gateway: Server, host: Host) -> None:
     host.proc.kill()  # started again below, for the tests that come after
     host.proc.wait()
+    # Each model on the host is watched on its own: wait for this one's state, not for the
+    # first 503 (the host's other model may be noticed first).
     deadline = time.monotonic() + 10
-    while httpx.get(f"{gateway.base_url}/ready").status_code == 200 and time.monotonic() < deadline:
+    while _state(gateway, MODEL) == "up" and time.monotonic() < deadline:
         time.sleep(0.2)
     health = httpx.get(f"{gateway.base_url}/ready")
     assert health.status_code == 503 and health.json()["models"][MODEL]["state"] in ("unreachable", "unavailable")
