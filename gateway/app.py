@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -164,6 +165,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
         stored = responses_store.from_settings(settings)
         supervisor: Supervisor | None = None
         start_s: dict[str, float] = {}
+        # Verified tokenizer plans: later starts skip the seconds of checks.
+        tokenizer_cache = Path(settings.base_dir) / settings.server.cache_dir / "tokenizers"
         try:
             await quota.start()
             for model in settings.models:
@@ -173,7 +176,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
                 start_s[model.name] = time.monotonic() - t0
                 engine = SupervisedEngine(started)  # the supervisor swaps a restarted engine in
                 # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
-                tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer)
+                tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer, tokenizer_cache)
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
                 log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
                 served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats))

@@ -24,6 +24,11 @@ Checked at construction (any failure: HF backend, reason logged):
   HF's Unicode tables are not newer than Python's (checked once per process).
 * a probe corpus (`probe_corpus`) encodes to the HF ids on both code paths.
 
+Given a cache directory, the plan the checks derive (pattern, ranks, added tokens,
+normalizer flags) is kept there under a hash of the serialized tokenizer, this module's
+source and the libraries' versions; a later process loads it instead of re-checking
+(seconds on 2 cores), still runs the probe corpus, and drops a plan that fails it.
+
 What is not proven, only tested (probes here, fuzz in tests/unit/test_tokenizer.py):
 distinct merges that yield the same token share one tiktoken rank, so when two
 such pairs are candidates at once, tiktoken takes the leftmost and HF the one
@@ -32,14 +37,18 @@ listed first.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import json
 import logging
+import os
 import re
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import tiktoken
@@ -212,7 +221,21 @@ class _Mirror:
     whole_text: bool  # tiktoken may split added tokens itself (no one is a prefix of another)
 
 
-def _mirror(hf: Any) -> _Mirror:
+@dataclass(frozen=True)
+class _Plan:
+    """What the checks derive from a tokenizer's serialized state: plain data, so a
+    verified plan can be kept on disk and the checks (seconds on 2 cores) skipped."""
+
+    pattern: str
+    ranks: dict[bytes, int]
+    specials: dict[str, int]
+    has_normalizer: bool
+    ascii_unchanged: bool
+    python_form: _Form | None
+    whole_text: bool
+
+
+def _serialized(hf: Any) -> str:
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "to_str"):
         raise _Unsupported("not a Hugging Face fast tokenizer")
@@ -221,7 +244,12 @@ def _mirror(hf: Any) -> _Mirror:
     if split if split is not None else getattr(backend, "encode_special_tokens", False):
         raise _Unsupported("special tokens are split as text")
     # The live backend, not tokenizer.json: transformers may rebuild parts of it.
-    spec = json.loads(backend.to_str())
+    state: str = backend.to_str()
+    return state
+
+
+def _plan(state: str) -> _Plan:
+    spec = json.loads(state)
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         raise _Unsupported(f"model type {model.get('type')!r}, not BPE")
@@ -249,11 +277,9 @@ def _mirror(hf: Any) -> _Mirror:
     if not model.get("ignore_merges"):
         _check_reachable(vocab, merges)
 
-    normalize: Callable[[str], str] | None = None
     ascii_unchanged = True
     python_form: _Form | None = None
     if norm_spec is not None:
-        normalize = backend.normalizer.normalize_str
         kind = norm_spec.get("type")
         ascii_unchanged = kind in _UNICODE_FORMS
         # Whole-text checks hold for each span only when added tokens start and end
@@ -261,22 +287,116 @@ def _mirror(hf: Any) -> _Mirror:
         if kind in _UNICODE_FORMS and all(s.isascii() for s in specials) and _python_unicode_not_older():
             python_form = _UNICODE_FORMS[kind]
     names = list(specials)
-    whole_text = not any(a != b and b.startswith(a) for a in names for b in names)
+    return _Plan(
+        pattern=pattern,
+        ranks=ranks,
+        specials=specials,
+        has_normalizer=norm_spec is not None,
+        ascii_unchanged=ascii_unchanged,
+        python_form=python_form,
+        whole_text=not any(a != b and b.startswith(a) for a in names for b in names),
+    )
+
+
+def _mirror(hf: Any, plan: _Plan) -> _Mirror:
     encoding = tiktoken.Encoding(
         name=f"sparkgate-{type(hf).__name__}",
-        pat_str=pattern,
-        mergeable_ranks=ranks,
-        special_tokens=specials,
+        pat_str=plan.pattern,
+        mergeable_ranks=plan.ranks,
+        special_tokens=plan.specials,
     )
     return _Mirror(
         encoding=encoding,
-        specials=specials,
-        special_re=_leftmost_longest(specials) if specials else None,
-        normalize=normalize,
-        ascii_unchanged=ascii_unchanged,
-        python_form=python_form,
-        whole_text=whole_text,
+        specials=plan.specials,
+        special_re=_leftmost_longest(plan.specials) if plan.specials else None,
+        normalize=hf.backend_tokenizer.normalizer.normalize_str if plan.has_normalizer else None,
+        ascii_unchanged=plan.ascii_unchanged,
+        python_form=plan.python_form,
+        whole_text=plan.whole_text,
     )
+
+
+# A plan on disk is reused only for the same serialized tokenizer under the same code and
+# libraries: anything that could change a verdict is in its key.
+_PLAN_FORMAT = 1
+
+
+def _plan_key(state: str) -> str:
+    import tokenizers
+
+    h = hashlib.sha256()
+    for part in (
+        str(_PLAN_FORMAT),
+        Path(__file__).read_text(encoding="utf-8"),
+        tiktoken.__version__,
+        tokenizers.__version__,
+        unicodedata.unidata_version,
+        state,
+    ):
+        h.update(part.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _save_plan(path: Path, plan: _Plan) -> None:
+    """One JSON line (everything but the ranks), then the ranks as tiktoken files hold them."""
+    head = {
+        "pattern": plan.pattern,
+        "specials": plan.specials,
+        "has_normalizer": plan.has_normalizer,
+        "ascii_unchanged": plan.ascii_unchanged,
+        "python_form": plan.python_form,
+        "whole_text": plan.whole_text,
+    }
+    lines = [json.dumps(head)] + [f"{base64.b64encode(t).decode()} {r}" for t, r in plan.ranks.items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # concurrent gateways: each writes its own file, the last one wins
+
+
+def _load_plan(path: Path) -> _Plan:
+    head_line, _, body = path.read_text(encoding="utf-8").partition("\n")
+    head = json.loads(head_line)
+    ranks = {base64.b64decode(t): int(r) for t, r in (line.split(" ") for line in body.splitlines())}
+    form = head["python_form"]
+    return _Plan(
+        pattern=str(head["pattern"]),
+        ranks=ranks,
+        specials={str(k): int(v) for k, v in head["specials"].items()},
+        has_normalizer=bool(head["has_normalizer"]),
+        ascii_unchanged=bool(head["ascii_unchanged"]),
+        python_form=_UNICODE_FORMS[form] if form is not None else None,
+        whole_text=bool(head["whole_text"]),
+    )
+
+
+def _verified_mirror(hf: Any, probes: Sequence[str] | None, cache_dir: Path | None) -> tuple[_Mirror, str]:
+    """The mirror and where its plan came from; the probes run either way."""
+    state = _serialized(hf)
+    path = cache_dir / f"{_plan_key(state)}.plan" if cache_dir is not None else None
+    plan: _Plan | None = None
+    if path is not None and path.is_file():
+        try:
+            plan = _load_plan(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a torn or foreign file: verify again
+            log.warning("tokenizer plan %s unreadable (%s); verifying again", path, e)
+    if plan is not None:
+        mirror = _mirror(hf, plan)
+        try:
+            _verify(hf, mirror, probe_corpus(mirror.specials) if probes is None else probes)
+            return mirror, "verified earlier"
+        except _Unsupported as e:  # a kept plan that disagrees is dropped, never trusted
+            log.warning("tokenizer plan %s failed its probes (%s); verifying again", path, e)
+    plan = _plan(state)
+    mirror = _mirror(hf, plan)
+    _verify(hf, mirror, probe_corpus(mirror.specials) if probes is None else probes)
+    if path is not None:
+        try:
+            _save_plan(path, plan)
+        except OSError as e:  # a read-only cache only costs the next start the checks
+            log.warning("tokenizer plan not kept (%s)", e)
+    return mirror, "verified"
 
 
 class FastTokenizer:
@@ -290,13 +410,13 @@ class FastTokenizer:
     _reason: str | None
     _warned: bool
 
-    def __init__(self, hf: Any, *, probes: Sequence[str] | None = None) -> None:
+    def __init__(self, hf: Any, *, probes: Sequence[str] | None = None, cache_dir: Path | None = None) -> None:
         t0 = time.perf_counter()
         mirror: _Mirror | None = None
         reason: str | None = None
+        source = "verified"
         try:
-            mirror = _mirror(hf)
-            _verify(hf, mirror, probe_corpus(mirror.specials) if probes is None else probes)
+            mirror, source = _verified_mirror(hf, probes, cache_dir)
         except _Unsupported as e:
             mirror, reason = None, str(e)
         except Exception as e:  # an unfamiliar tokenizer must not stop the gateway: HF stays correct
@@ -310,7 +430,7 @@ class FastTokenizer:
         # A post-processor adds its tokens to every text: a few probes tell.
         own(self, "_adds_nothing", mirror is not None and _adds_nothing(hf))
         if reason is None:
-            log.info("tokenizer %s: tiktoken encode, verified in %.1fs", type(hf).__name__, time.perf_counter() - t0)
+            log.info("tokenizer %s: tiktoken encode, %s in %.1fs", type(hf).__name__, source, time.perf_counter() - t0)
         else:
             log.warning("tokenizer %s: Hugging Face encode (%s)", type(hf).__name__, reason)
 
@@ -445,14 +565,17 @@ _WRAPPED: dict[int, tuple[Any, FastTokenizer]] = {}
 _MAX_WRAPPED = 8
 
 
-def wrap(hf: Any) -> FastTokenizer:
-    """The tokenizer to give the gateway: tiktoken-backed `encode` where verified."""
+def wrap(hf: Any, cache_dir: Path | None = None) -> FastTokenizer:
+    """The tokenizer to give the gateway: tiktoken-backed `encode` where verified.
+
+    With `cache_dir`, a verified plan is kept there and the next process that loads the
+    same tokenizer skips the structural checks (the probe corpus still runs)."""
     if isinstance(hf, FastTokenizer):
         return hf
     hit = _WRAPPED.get(id(hf))
     if hit is not None and hit[0] is hf:
         return hit[1]
-    fast = FastTokenizer(hf)
+    fast = FastTokenizer(hf, cache_dir=cache_dir)
     if len(_WRAPPED) >= _MAX_WRAPPED:
         _WRAPPED.pop(next(iter(_WRAPPED)))
     _WRAPPED[id(hf)] = (hf, fast)

@@ -348,3 +348,68 @@ def test_reordered_merges_fall_back(tmp_path: Path, hf: Any) -> None:
     merges = spec["model"]["merges"]
     merges[100], merges[5000] = merges[5000], merges[100]
     assert_falls_back(tmp_path, Tokenizer.from_str(json.dumps(spec)), "merge order")
+
+
+SAMPLES = ["hello world", "naïve café 東京 🌧️", "<|im_start|>user\nhi<|im_end|>", "x = 1 + 2\n\n\tdone"]
+
+
+def _no_checks(state: str) -> Any:
+    raise AssertionError("the structural checks ran again")
+
+
+def test_a_kept_plan_skips_the_checks(hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.text.tokenizer as tokenizer
+
+    first = FastTokenizer(hf, cache_dir=tmp_path)
+    assert first.backend == "tiktoken"
+    (plan,) = tmp_path.glob("*.plan")
+    monkeypatch.setattr(tokenizer, "_plan", _no_checks)
+    again = FastTokenizer(hf, cache_dir=tmp_path)
+    assert again.backend == "tiktoken"
+    for text in SAMPLES:
+        assert again.encode(text, add_special_tokens=False) == hf_ids(hf, text)
+    assert list(tmp_path.glob("*.plan")) == [plan]
+
+
+def test_a_plan_is_kept_per_tokenizer_state(hf: Any, tmp_path: Path) -> None:
+    import gateway.text.tokenizer as tokenizer
+
+    state = tokenizer._serialized(hf)
+    FastTokenizer(hf, cache_dir=tmp_path)
+    assert [p.name for p in tmp_path.glob("*.plan")] == [f"{tokenizer._plan_key(state)}.plan"]
+    # Any change to the serialized tokenizer is another key, so never another's plan.
+    assert tokenizer._plan_key(state.replace('"<|im_end|>"', '"<|im_stop|>"', 1)) != tokenizer._plan_key(state)
+
+
+def test_a_torn_plan_is_verified_again(hf: Any, tmp_path: Path) -> None:
+    FastTokenizer(hf, cache_dir=tmp_path)
+    (plan,) = tmp_path.glob("*.plan")
+    plan.write_text('{"pattern": "x"')
+    tok = FastTokenizer(hf, cache_dir=tmp_path)
+    assert tok.backend == "tiktoken"
+    assert plan.read_text().startswith('{"pattern"') and len(plan.read_text().splitlines()) > len(hf) // 2
+
+
+def test_a_plan_that_fails_its_probes_is_replaced(hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.text.tokenizer as tokenizer
+
+    FastTokenizer(hf, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.plan")
+    kept = tokenizer._load_plan(path)
+    ranks = dict(kept.ranks)
+    ranks[b"hello"], ranks[b"world"] = ranks[b"world"], ranks[b"hello"]  # a plan that is wrong
+    tokenizer._save_plan(path, tokenizer._Plan(**{**kept.__dict__, "ranks": ranks}))
+    checked: list[str] = []
+    real_plan = tokenizer._plan
+    monkeypatch.setattr(tokenizer, "_plan", lambda state: checked.append(state) or real_plan(state))
+    tok = FastTokenizer(hf, cache_dir=tmp_path, probes=["hello world"])
+    assert tok.backend == "tiktoken" and len(checked) == 1
+    assert tok.encode("hello world", add_special_tokens=False) == hf_ids(hf, "hello world")
+    assert tokenizer._load_plan(path).ranks == kept.ranks
+
+
+def test_an_unwritable_cache_only_costs_the_checks(hf: Any, tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    tok = FastTokenizer(hf, cache_dir=blocked / "tokenizers")
+    assert tok.backend == "tiktoken"
