@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -155,6 +156,18 @@ def open_post(server: Server, path: str, payload: dict, key: str = API_KEY) -> s
     return sock
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One `sparkgate serve` (or another serving command) to run on a config."""
+
+    config: Path
+    log_path: Path
+    port: int
+    command: str = "serve"
+    health: str = "/ready"
+    env: dict[str, str] | None = None
+
+
 @contextlib.contextmanager
 def launch(
     config: Path,
@@ -166,53 +179,77 @@ def launch(
 ) -> Iterator[Server]:
     """Run `sparkgate serve` (or another serving command) on a config until the block
     exits; fail fast with its log."""
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", command, "--config", str(config)],
-        cwd=ROOT,
-        env=None if env is None else {**os.environ, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        # Its own process group (killpg below), but the same session: on this kernel a busy
-        # engine in another session (autogroup) can stall the test client for seconds.
-        process_group=0,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    with launch_all(Launch(config, log_path, port, command, health, env)) as (server,):
+        yield server
+
+
+@contextlib.contextmanager
+def launch_all(*launches: Launch) -> Iterator[list[Server]]:
+    """Start every server at once, then wait until each is ready: servers whose engines sit
+    on different cores start side by side, not one after another."""
+    started: list[tuple[Launch, subprocess.Popen[bytes], Any]] = []
+    servers: list[Server] = []
+    try:
+        for spec in launches:
+            log = spec.log_path.open("wb")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", spec.command, "--config", str(spec.config)],
+                cwd=ROOT,
+                env=None if spec.env is None else {**os.environ, **spec.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Its own process group (killpg below), but the same session: on this kernel a busy
+                # engine in another session (autogroup) can stall the test client for seconds.
+                process_group=0,
+            )
+            started.append((spec, proc, log))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for spec, proc, _ in started:
+            servers.append(_wait_ready(spec, proc, deadline))
+            _live_logs.append(spec.log_path)
+        yield servers
+    finally:
+        for server in servers:
+            _live_logs.remove(server.log_path)
+        # The first SIGINT drains (gateway/drain.py): requests a test left running may go on
+        # for the grace; a second one aborts them, so a teardown never waits that out.
+        for _, proc, _ in started:
+            with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
+                os.killpg(proc.pid, signal.SIGINT)
+        for spec, proc, log in started:
+            _stop(proc)
+            log.close()
+            if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
+                print(spec.log_path.read_text()[-3000:])
+
+
+def _wait_ready(spec: Launch, proc: subprocess.Popen[bytes], deadline: float) -> Server:
+    base = f"http://127.0.0.1:{spec.port}"
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{spec.log_path.read_text()[-5000:]}")
         try:
-            if httpx.get(f"{base}{health}", timeout=2).status_code == 200:
-                break
+            if httpx.get(f"{base}{spec.health}", timeout=2).status_code == 200:
+                return Server(base_url=base, log_path=spec.log_path, proc=proc)
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-5000:]}")
-        time.sleep(1)
-    _live_logs.append(log_path)
+            raise RuntimeError(f"server did not start in {STARTUP_TIMEOUT_S}s:\n{spec.log_path.read_text()[-5000:]}")
+        time.sleep(0.2)  # a start is polled, not waited out: ~40 starts in the suite
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     try:
-        yield Server(base_url=base, log_path=log_path, proc=proc)
-    finally:
-        _live_logs.remove(log_path)
-        # The first SIGINT drains (gateway/drain.py): requests a test left running may go on
-        # for the grace; a second one aborts them, so a teardown never waits that out.
-        with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):  # the server only, not its engines
-                os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # the server only, not its engines
+            os.kill(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
-            print(log_path.read_text()[-3000:])
+        proc.wait()
 
 
 class RedisServer:

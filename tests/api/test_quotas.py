@@ -31,7 +31,7 @@ import redis
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, RedisServer, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Launch, RedisServer, Server, free_port, launch, launch_all
 
 ADMIN_KEY = "sk-quota-admin"
 MODEL = "tiny"
@@ -102,12 +102,12 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     stack = ExitStack()
     stack.callback(rs.stop)
     try:
-        servers = []
+        replicas = []
         for name, on_outage, core in (("a", "closed", "0"), ("b", "open", "1" if (os.cpu_count() or 1) > 1 else "0")):
             port = free_port()
-            cfg = _config(tmp, port, rs.url, on_outage, core)
-            servers.append(stack.enter_context(launch(cfg, tmp / f"gateway-{name}.log", port)))
-        yield Pair(servers[0], servers[1], rs, stack)
+            replicas.append(Launch(_config(tmp, port, rs.url, on_outage, core), tmp / f"gateway-{name}.log", port))
+        a, b = stack.enter_context(launch_all(*replicas))  # each on its own core: started side by side
+        yield Pair(a, b, rs, stack)
     finally:
         stack.close()
 
