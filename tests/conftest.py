@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +221,15 @@ def launch_all(*launches: Launch) -> Iterator[list[Server]]:
             log.close()
             if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
                 print(spec.log_path.read_text()[-3000:])
+
+
+@contextlib.contextmanager
+def server_pool(request: pytest.FixtureRequest, fixture: str, make: Callable[[], Launch]) -> Iterator[Iterator[Server]]:
+    """Fresh servers for a module whose tests each need one nobody else has touched: as many
+    as its collected tests use `fixture`, started side by side up front, handed out in turn."""
+    wanted = sum(1 for item in request.session.items if item.module is request.module and fixture in item.fixturenames)  # type: ignore[attr-defined]
+    with launch_all(*(make() for _ in range(max(wanted, 1)))) as servers:
+        yield iter(servers)
 
 
 def _wait_ready(spec: Launch, proc: subprocess.Popen[bytes], deadline: float) -> Server:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_adapter.recordings import tag
 from gateway.app import create_app
 from gateway.settings import Settings, hash_key
-from tests.conftest import API_KEY, DENSE, MODELS, MOE, ROOT, Server, free_port, launch, open_post
+from tests.conftest import API_KEY, DENSE, MODELS, MOE, ROOT, Launch, Server, free_port, open_post, server_pool
 
 MODEL = "replay"
 ALICE, BOB = "sk-metrics-alice", "sk-metrics-bob"  # bob: 1 request per minute
@@ -61,14 +61,22 @@ def config(tmp: Path, port: int) -> Path:
     return path
 
 
-# A server per test (a few seconds to start): each test checks absolute counts, and which
-# users get their own label depends on who came first.
+# A server per test: each test checks absolute counts, and which users get their own label
+# depends on who came first. Started together up front.
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Iterator[Server]]:
+    def make() -> Launch:
+        tmp = tmp_path_factory.mktemp("metrics")
+        port = free_port()
+        return Launch(config(tmp, port), tmp / "server.log", port)
+
+    with server_pool(request, "gw", make) as pool:
+        yield pool
+
+
 @pytest.fixture
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("metrics")
-    port = free_port()
-    with launch(config(tmp, port), tmp / "server.log", port) as srv:
-        yield srv
+def gw(servers: Iterator[Server]) -> Server:
+    return next(servers)
 
 
 def scrape(server: Server) -> Samples:

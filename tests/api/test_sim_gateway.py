@@ -11,29 +11,37 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import ROOT, Server, free_port, launch
+from tests.conftest import ROOT, Launch, Server, free_port, server_pool
 
 KEY = "sk-sparkgate-dev"  # the config's demo key: interactive by default, may substitute
 SPEEDUP = 50.0
 MESSAGES = [{"role": "user", "content": "What is a DGX Spark?"}]
 
 
-# A server per test (about 15 s to start): the router learns from what it
-# observes, and at 50x speed-up a loaded machine's scheduling delays become seconds of box
-# time, so one test's traffic must not teach the router what the next test's routes see.
+# A server per test: the router learns from what it observes, and at 50x speed-up a loaded
+# machine's scheduling delays become seconds of box time, so one test's traffic must not
+# teach the router what the next test's routes see. Started together up front.
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Iterator[Server]]:
+    def make() -> Launch:
+        tmp = tmp_path_factory.mktemp("sim")
+        cfg = yaml.safe_load((ROOT / "config/sim-dgx-spark.yaml").read_text())
+        port = free_port()
+        cfg["server"].update(port=port, cache_dir=str(ROOT / ".cache"))
+        cfg["base_dir"] = str(ROOT)
+        for m in cfg["models"]:
+            m["simulated"]["speedup"] = SPEEDUP
+        path = tmp / "sim.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return Launch(path, tmp / "sim.log", port)
+
+    with server_pool(request, "sim", make) as pool:
+        yield pool
+
+
 @pytest.fixture
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("sim")
-    cfg = yaml.safe_load((ROOT / "config/sim-dgx-spark.yaml").read_text())
-    port = free_port()
-    cfg["server"].update(port=port, cache_dir=str(ROOT / ".cache"))
-    cfg["base_dir"] = str(ROOT)
-    for m in cfg["models"]:
-        m["simulated"]["speedup"] = SPEEDUP
-    path = tmp / "sim.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "sim.log", port) as server:
-        yield server
+def sim(servers: Iterator[Server]) -> Server:
+    return next(servers)
 
 
 def client(server: Server) -> openai.OpenAI:
