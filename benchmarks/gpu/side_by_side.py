@@ -387,6 +387,7 @@ def start_vllm_server(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], 
 
 
 def run_part(a: argparse.Namespace) -> int:
+    started = time.monotonic()
     work = Path("/tmp/sbs")
     work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -442,6 +443,10 @@ def run_part(a: argparse.Namespace) -> int:
             print(f"[{shape}/{a.part}] warm-up {result['warmup_s']} s", flush=True)
             for length in lens:
                 for conc in concs:
+                    if a.budget and time.monotonic() - started > a.budget:
+                        result.setdefault("skipped", []).append([length, conc])  # out of device time
+                        print(f"[{shape}/{a.part}] budget spent: skipping {length}/{conc}", flush=True)
+                        continue
                     got: dict[str, tuple[list[dict[str, Any]], list[float], list[int]]] = {
                         p: ([], [], []) for p in paths
                     }
@@ -527,6 +532,7 @@ def main() -> int:
     ap.add_argument("--adapter-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--start-timeout", type=float, default=420)
+    ap.add_argument("--budget", type=float, default=0, help="seconds from start after which cases are skipped")
     ap.add_argument("--table", nargs="+", type=Path, help="merge these result files and print the table")
     a = ap.parse_args()
     if a.table:
