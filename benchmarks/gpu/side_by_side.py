@@ -498,23 +498,29 @@ async def profile(dest: Path, pid: int, case: Any) -> None:
 
 
 def table(parts: list[dict[str, Any]]) -> str:
-    """Output tok/s and TTFT per path, as ratios to direct (same shape, length, concurrency)."""
+    """One row per shape, prompt and concurrency: output tok/s as a ratio to direct, TTFT p50 added
+    to direct's (ms), and each path's decode rate per stream."""
     rows = [r for p in parts for r in p["runs"]]
-    base = {(r["shape"], r["prompt_len"], r["concurrency"]): r for r in rows if r["path"] == "direct"}
-    out = [
-        "| shape | prompt | conc. | path | output tok/s | x direct | TTFT p50 ms | +ms vs direct | TTFT p99 ms "
-        "| decode tok/s/stream |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    order = {"direct": 0, "adapter": 1, "sparkgate": 2, "vllm_server": 3}
-    for r in sorted(rows, key=lambda r: (r["shape"], r["prompt_len"], r["concurrency"], order[r["path"]])):
-        b = base.get((r["shape"], r["prompt_len"], r["concurrency"]))
-        ratio = f"{r['output_tok_s'] / b['output_tok_s']:.3f}" if b else "-"
-        added = f"{r['ttft_p50_ms'] - b['ttft_p50_ms']:+.1f}" if b else "-"
-        out.append(
-            f"| {r['shape']} | {r['prompt_len']} | {r['concurrency']} | {r['path']} | {r['output_tok_s']:.1f} "
-            f"| {ratio} | {r['ttft_p50_ms']:.1f} | {added} | {r['ttft_p99_ms']:.1f} | {r['decode_tok_s_per_stream']} |"
-        )
+    cases = sorted({(r["shape"], r["prompt_len"], r["concurrency"]) for r in rows})
+    paths = [p for p in ("direct", "adapter", "sparkgate", "vllm_server") if any(r["path"] == p for r in rows)]
+    by = {(r["shape"], r["prompt_len"], r["concurrency"], r["path"]): r for r in rows}
+    others = [p for p in paths if p != "direct"]
+    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], "direct TTFT p50 ms"]
+    head += [f"{p} +ms" for p in others] + ["decode tok/s/stream " + " / ".join(paths)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, length, conc in cases:
+        d = by.get((shape, length, conc, "direct"))
+        cells = [shape, str(length), str(conc), f"{d['output_tok_s']:.1f}" if d else "-"]
+        for p in others:
+            r = by.get((shape, length, conc, p))
+            cells.append(f"{r['output_tok_s'] / d['output_tok_s']:.3f}" if r and d else "-")
+        cells.append(f"{d['ttft_p50_ms']:.1f}" if d else "-")
+        for p in others:
+            r = by.get((shape, length, conc, p))
+            cells.append(f"{r['ttft_p50_ms'] - d['ttft_p50_ms']:+.1f}" if r and d else "-")
+        decode = [by.get((shape, length, conc, p), {}).get("decode_tok_s_per_stream") for p in paths]
+        cells.append(" / ".join("-" if x is None else f"{x:.1f}" for x in decode))
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
