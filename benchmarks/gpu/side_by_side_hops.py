@@ -7,7 +7,8 @@ arrive together wait for each other's; the k-th of c waits about k times the tot
 
 Steps, as the request path runs them: the body parsed (json), validated (pydantic
 CompletionRequest), the ids checked against the vocabulary (prepare._completion_prompts), and
-`policies.tokens.from_ids`, which decodes the whole prompt back to text (only `echo` reads it).
+`policies.tokens.from_ids`, which decodes the whole prompt back to text (only `echo` reads it),
+and the prompt's prefix-cache keys for admission (`policies.kv.prefix_keys`, 1,568-token blocks).
 Median of 7 runs each, milliseconds.
 """
 
@@ -45,7 +46,7 @@ def main() -> int:
 
     from gateway.http.schemas import CompletionRequest
     from gateway.text import tokenizer as fast_tokenizer
-    from policies import tokens
+    from policies import kv, tokens
 
     tok = fast_tokenizer.wrap(AutoTokenizer.from_pretrained(str(a.tokenizer)))
     vocab = len(tok)
@@ -60,12 +61,13 @@ def main() -> int:
             median_ms(lambda: CompletionRequest.model_validate(data)),
             median_ms(lambda: any(not 0 <= t < vocab for t in ids)),
             median_ms(lambda: tokens.from_ids(tok, ids)),
+            median_ms(lambda: kv.prefix_keys(ids, 1568)),  # the 27B's FP8 block
         ]
         cells = " | ".join(f"{s:.2f}" for s in steps)
         return f"| {n} | {len(body) // 1024} | {cells} | {sum(steps):.2f} | {8 * sum(steps):.1f} |"
 
-    print("| prompt tokens | body KiB | json.loads | CompletionRequest | vocab check | from_ids | total | x8 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| prompt tokens | body KiB | json.loads | pydantic | vocab check | from_ids | prefix keys | total | x8 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in a.lens.split(",")):
         print(row(n))
     return 0
