@@ -59,7 +59,7 @@ SHAPE_FILES = {
     "27b": ("qwen3.6-27b.config.json", 1568),
     "cpu-tiny": ("", 0),  # a dry run of the whole script on the CPU build (models/tiny-qwen3-moe)
 }
-# Repetitions per prompt length: 32K cases are long enough to average over their own requests.
+# Repetitions per prompt length (--reps overrides): 32K cases are long enough to average over their own requests.
 REPS = {2048: 3, 32768: 1}
 
 
@@ -415,6 +415,7 @@ def run_part(a: argparse.Namespace) -> int:
         dest.write_text(json.dumps(result, indent=1))
 
     lens = [int(x) for x in a.lens.split(",")]
+    reps = REPS | {int(k): int(v) for k, v in (x.split(":") for x in a.reps.split(",") if x)}
     concs = [int(x) for x in a.conc.split(",")]
     if a.part == "gateway":
         proc, port, log = start_gateway(shape, work)
@@ -437,7 +438,9 @@ def run_part(a: argparse.Namespace) -> int:
             t = time.monotonic()
             longest = min(8192, result["engine"]["max_model_len"] - MAX_TOKENS - 8)
             for path in paths:  # warm-up: every path's code and the prefill/decode kernels at c=8
-                for length, conc in ((longest, 1), (min(lens), 8)):
+                # every concurrency once: a new batch shape may compile or tune kernels on first use
+                # (the 35B-A3B's fused MoE has no tuned table for the H200), which must not land on one path
+                for length, conc in ((longest, 1), *((min(lens), c) for c in concs)):
                     await one(path if path != "adapter" else "direct", length, conc, -1)
             result["warmup_s"] = round(time.monotonic() - t, 1)
             print(f"[{shape}/{a.part}] warm-up {result['warmup_s']} s", flush=True)
@@ -450,7 +453,7 @@ def run_part(a: argparse.Namespace) -> int:
                     got: dict[str, tuple[list[dict[str, Any]], list[float], list[int]]] = {
                         p: ([], [], []) for p in paths
                     }
-                    for rep in range(REPS.get(length, 1)):
+                    for rep in range(reps.get(length, 1)):
                         for path in paths:  # interleaved, so drift hits every path alike
                             if path == "adapter" and length not in a.adapter_lens:
                                 continue
@@ -534,6 +537,7 @@ def main() -> int:
     ap.add_argument("--part", choices=["gateway", "vllm"], default="gateway")
     ap.add_argument("--lens", default="2048,32768")
     ap.add_argument("--conc", default="1,4,8")
+    ap.add_argument("--reps", default="", help="repetitions per prompt length, e.g. 2048:10,32768:2")
     ap.add_argument("--adapter", action="store_true", help="also time sparkgate's engine adapter alone")
     ap.add_argument("--adapter-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
     ap.add_argument("--profile", action="store_true")
