@@ -1,0 +1,557 @@
+"""GPU side by side (issue 19): one engine driven directly, through sparkgate, and through vLLM's
+own OpenAI server, on the lent H200 (CUDA vLLM 0.26).
+
+Per shape (`shapes/`, dummy weights, the DGX Spark deployment's settings: FP8 KV, 4,096-token
+steps, the long-prefill cap of one block, prefix caching on, 8 slots, CUDA graphs), for 2K and 32K
+prompts (random token ids: unique, so the prefix cache never hits) at concurrency 1, 4 and 8, 256
+output tokens (`ignore_eos`), greedy:
+
+- direct: `AsyncLLM.generate` on the gateway's own engine, run on the gateway's event loop (a
+  benchmark-only route triggers it, so both share one engine and one process);
+- adapter: the same through `VllmLocalEngine.generate` (sparkgate's engine adapter, no HTTP);
+- sparkgate: `POST /v1/completions` (streaming, a key checked) from a client in another process;
+- vllm_server: `python3 -m vllm.entrypoints.openai.api_server` with the same engine settings,
+  started after the gateway has stopped (one engine on the GPU at a time).
+
+    python3 benchmarks/gpu/side_by_side.py OUT --shape 35b-a3b --part gateway    # direct, adapter, sparkgate
+    python3 benchmarks/gpu/side_by_side.py OUT --shape 35b-a3b --part vllm       # vLLM's own server
+    python3 benchmarks/gpu/side_by_side.py --table benchmarks/gpu/side_by_side_result/*.json
+
+Each part writes OUT/side_by_side_SHAPE_PART.json after every case (a part cut short keeps what
+it measured). `--table` merges parts and prints output tok/s and TTFT as ratios to direct.
+`--profile` adds one more sparkgate case (2K, c=8) under py-spy (`--nonblocking`), written as
+collapsed stacks to OUT/pyspy_SHAPE.txt.
+
+The model dirs hold the Qwen3 tokenizer (the Qwen3.6 one is not here), so `vocab_size` is set to
+its 151,936 ids: every sampled id then decodes, on every path alike (the head is 4% of the
+weights; the same change on all three paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import lzma
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+SHAPES = Path(__file__).resolve().parent / "shapes"
+API_KEY = "sk-side-by-side"
+MODEL = "bench"
+VOCAB = 151_936  # the Qwen3 tokenizer's (see the module docstring)
+MAX_TOKENS = 256
+KV_BYTES = 16 * 1024**3
+# name -> (config file, long_prefill_token_threshold = one FP8 hybrid block, as config/dgx-spark.yaml)
+SHAPE_FILES = {
+    "35b-a3b": ("qwen3.6-35b-a3b.config.json", 2096),
+    "27b": ("qwen3.6-27b.config.json", 1568),
+    "cpu-tiny": ("", 0),  # a dry run of the whole script on the CPU build (models/tiny-qwen3-moe)
+}
+# Repetitions per prompt length (--reps overrides): 32K cases are long enough to average over their own requests.
+REPS = {2048: 3, 32768: 1}
+
+
+def engine_settings(shape: str) -> dict[str, Any]:
+    """The engine arguments every path shares (what config/dgx-spark.yaml sets, 8 slots)."""
+    if shape == "cpu-tiny":
+        return {
+            "max_model_len": 4096,
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 4096,
+            "kv_cache_memory_bytes": 512 * 1024**2,
+            "enable_prefix_caching": True,
+            "enforce_eager": True,
+            "load_format": "dummy",
+            "dtype": "bfloat16",
+            "seed": 0,
+        }
+    block = SHAPE_FILES[shape][1]
+    return {
+        "max_model_len": 40960,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 4096,
+        "long_prefill_token_threshold": block,
+        "kv_cache_dtype": "fp8",
+        "kv_cache_memory_bytes": KV_BYTES,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "seed": 0,
+        "language_model_only": True,
+        "gdn_prefill_backend": "triton",  # no FlashInfer on the GPU machine
+    }
+
+
+def model_dir(shape: str) -> Path:
+    """/tmp/models/sbs-SHAPE: the shape's config (Qwen3 vocabulary) and the Qwen3 tokenizer."""
+    out = Path("/tmp/models") / f"sbs-{shape}"
+    out.mkdir(parents=True, exist_ok=True)
+    if shape == "cpu-tiny":
+        cfg = json.loads((ROOT / "models/tiny-qwen3-moe/config.json").read_text())
+    else:
+        cfg = json.loads((SHAPES / SHAPE_FILES[shape][0]).read_text())
+    cfg.get("text_config", cfg)["vocab_size"] = VOCAB
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    for src in (ROOT / ".devwheels/gpu/tokenizer", ROOT / "models/_tokenizer-qwen3"):
+        if src.is_dir():
+            for f in src.iterdir():
+                if f.name.endswith(".xz"):
+                    (out / f.name[:-3]).write_bytes(lzma.decompress(f.read_bytes()))
+                elif not f.name.startswith("."):
+                    shutil.copy2(f, out / f.name)
+            return out
+    raise FileNotFoundError("no Qwen3 tokenizer: .devwheels/gpu/tokenizer or models/_tokenizer-qwen3")
+
+
+def prompt(path: str, length: int, conc: int, rep: int, i: int) -> list[int]:
+    """Random ids, distinct per path and request, clear of the specials at the vocabulary's end."""
+    rng = random.Random(f"{path}/{length}/{conc}/{rep}/{i}")
+    return [rng.randrange(1000, 150_000) for _ in range(length)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def summarize(reqs: list[dict[str, Any]], walls: list[float], tokens: list[int]) -> dict[str, Any]:
+    ttfts = sorted(r["ttft_s"] for r in reqs)
+    decode = [r["decode_tok_s"] for r in reqs if r["decode_tok_s"]]
+
+    def pct(q: float) -> float:
+        return ttfts[min(len(ttfts) - 1, round(q * (len(ttfts) - 1)))]
+
+    return {
+        "ttft_p50_ms": round(1000 * statistics.median(ttfts), 2),
+        "ttft_p99_ms": round(1000 * pct(0.99), 2),
+        "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 2),
+        "output_tok_s": round(sum(tokens) / sum(walls), 2),
+        "decode_tok_s_per_stream": round(statistics.fmean(decode), 2) if decode else None,
+        "requests": len(reqs),
+        "output_tokens": sum(tokens),
+        "wall_s": [round(w, 3) for w in walls],
+    }
+
+
+# --------------------------------------------------------------------------- in the gateway process
+
+
+async def direct_request(llm: Any, ids: list[int], rid: str) -> dict[str, Any]:
+    """One request on AsyncLLM, with the sampling parameters the adapter builds for it."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+        k = len(out.outputs[0].token_ids) if out.outputs else 0
+        if k and first is None:
+            first = time.perf_counter()
+        n += k
+    return finish(t0, first, time.perf_counter(), n)
+
+
+async def adapter_request(engine: Any, ids: list[int], rid: str) -> dict[str, Any]:
+    """One request through sparkgate's engine adapter (VllmLocalEngine.generate)."""
+    from engine_adapter.base import EngineRequest, SamplingOptions
+
+    req = EngineRequest(
+        request_id=rid,
+        prompt_token_ids=tuple(ids),
+        sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+    )
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    async for chunk in engine.generate(req):
+        k = sum(len(c.token_ids) for c in chunk.choices)
+        if k and first is None:
+            first = time.perf_counter()
+        n += k
+    return finish(t0, first, time.perf_counter(), n)
+
+
+def finish(t0: float, first: float | None, end: float, n: int) -> dict[str, Any]:
+    first = end if first is None else first
+    return {
+        "ttft_s": first - t0,
+        "tokens": n,
+        "decode_tok_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+    }
+
+
+def serve_gateway(settings_path: str) -> None:
+    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/run for the in-process paths."""
+    sys.path.insert(0, str(ROOT))
+    from fastapi import Body
+
+    from gateway import cli
+    from gateway.app import create_app, vllm_engine
+    from gateway.settings import Settings
+
+    settings = Settings(**json.loads(Path(settings_path).read_text()))
+    engines: list[Any] = []
+
+    def factory(s: Any, m: Any) -> Any:
+        e = vllm_engine(s, m)
+        engines.append(e)
+        return e
+
+    async def bench_run(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        engine = engines[-1]
+        path, length, conc, rep = body["path"], body["length"], body["conc"], body["rep"]
+        run = direct_request if path == "direct" else adapter_request
+        target = engine._llm if path == "direct" else engine
+        ids = [prompt(path, length, conc, rep, i) for i in range(conc)]
+        t0 = time.perf_counter()
+        reqs = await asyncio.gather(*(run(target, p, f"{path}-{length}-{conc}-{rep}-{i}") for i, p in enumerate(ids)))
+        return {"wall_s": time.perf_counter() - t0, "requests": list(reqs)}
+
+    def app_factory(s: Settings, drain: Any) -> Any:
+        app = create_app(s, engine_factory=factory, drain=drain)
+        app.add_api_route("/bench/run", bench_run, methods=["POST"])
+        return app
+
+    cli._run(settings, app_factory, None, None)
+
+
+# --------------------------------------------------------------------------- HTTP client (driver)
+
+
+async def http_post(port: int, path: str, body: dict[str, Any], key: str | None, stream: bool) -> Any:
+    """A minimal HTTP/1.1 client (the same for both servers, and cheap): returns the JSON body, or,
+    for a stream, the request's TTFT (first event with text), tokens and decode rate."""
+    payload = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
+    if key:
+        head += f"Authorization: Bearer {key}\r\n"
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.encode() + b"\r\n" + payload)
+    await writer.drain()
+    status = (await reader.readline()).decode()
+    headers: dict[str, str] = {}
+    while (line := (await reader.readline()).decode().strip()) != "":
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+
+    async def pieces() -> Any:
+        if not chunked:
+            while data := await reader.read(65536):
+                yield data
+            return
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                return
+            yield await reader.readexactly(size)
+            await reader.readexactly(2)
+
+    try:
+        if " 200 " not in status:
+            rest = b"".join([p async for p in pieces()])
+            raise RuntimeError(f"{path}: {status.strip()} {rest[:500]!r}")
+        if not stream:
+            return json.loads(b"".join([p async for p in pieces()]))
+        buf = b""
+        first = None
+        events = 0
+        usage = None
+        async for piece in pieces():
+            buf += piece
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    d = json.loads(line[6:])
+                    if d.get("usage"):
+                        usage = d["usage"]
+                    if any(c.get("text") for c in d.get("choices") or []):
+                        events += 1
+                        if first is None:
+                            first = time.perf_counter()
+        n = usage["completion_tokens"] if usage else events
+        return finish(t0, first, time.perf_counter(), n)
+    finally:
+        writer.close()
+
+
+async def http_case(port: int, key: str, path: str, length: int, conc: int, rep: int) -> dict[str, Any]:
+    def body(i: int) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "prompt": prompt(path, length, conc, rep, i),
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    bodies = [body(i) for i in range(conc)]  # built before the clock starts
+    t0 = time.perf_counter()
+    reqs = await asyncio.gather(*(http_post(port, "/v1/completions", b, key, True) for b in bodies))
+    return {"wall_s": time.perf_counter() - t0, "requests": list(reqs)}
+
+
+def wait_health(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if b" 200 " in s.recv(100):
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log.read_text()[-4000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_gateway(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+    from gateway.settings import hash_key
+
+    port = free_port()
+    es = engine_settings(shape)
+    renamed = {"kv_cache_memory_bytes": "kv_cache_bytes"}
+    own = {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold"}
+    own |= {"kv_cache_memory_bytes", "kv_cache_dtype", "enable_prefix_caching", "enforce_eager", "load_format"}
+    own |= {"dtype", "seed"}
+    model: dict[str, Any] = {"name": MODEL, "path": str(model_dir(shape))}
+    model |= {renamed.get(k, k): v for k, v in es.items() if k in own}
+    model["engine_args"] = {k: v for k, v in es.items() if k not in own}  # vLLM's own names, verbatim
+    settings = {
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(work / "cache")},
+        "auth": {"required": True, "keys": [{"name": "bench", "sha256": hash_key(API_KEY)}]},
+        "models": [model],
+    }
+    sp = work / f"gateway_{shape}.json"
+    sp.write_text(json.dumps(settings))
+    log = work / f"gateway_{shape}.log"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-gateway", str(sp)], stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+    return proc, port, log
+
+
+def start_vllm_server(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = free_port()
+    es = engine_settings(shape)
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir(shape))]
+    args += ["--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--api-key", API_KEY]
+    for k, v in es.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            args.append(flag)
+        elif v is not False:
+            args += [flag, str(v)]
+    if shape != "cpu-tiny":  # what sparkgate's adapter sets: the same config hash, so the compile cache is reused
+        args += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+    log = work / f"vllm_server_{shape}.log"
+    proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    return proc, port, log
+
+
+def run_part(a: argparse.Namespace) -> int:
+    started = time.monotonic()
+    work = Path("/tmp/sbs")
+    work.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    shape = a.shape
+    if shape == "cpu-tiny":
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "1")  # one core for the engine, one for the rest
+    result: dict[str, Any] = {
+        "shape": shape,
+        "part": a.part,
+        "engine": engine_settings(shape) | {"vocab_size": VOCAB},
+        "max_tokens": MAX_TOKENS,
+        "runs": [],
+    }
+    try:
+        import torch
+        import vllm
+
+        result["vllm"] = vllm.__version__
+        result["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as e:  # the CPU dry run
+        result["versions_error"] = repr(e)
+    dest = a.out / f"side_by_side_{shape}_{a.part}.json"
+
+    def save() -> None:
+        dest.write_text(json.dumps(result, indent=1))
+
+    lens = [int(x) for x in a.lens.split(",")]
+    reps = REPS | {int(k): int(v) for k, v in (x.split(":") for x in a.reps.split(",") if x)}
+    concs = [int(x) for x in a.conc.split(",")]
+    if a.part == "gateway":
+        proc, port, log = start_gateway(shape, work)
+        paths = ["direct", "sparkgate"] + (["adapter"] if a.adapter else [])
+    else:
+        proc, port, log = start_vllm_server(shape, work)
+        paths = ["vllm_server"]
+    try:
+        result["startup_s"] = round(wait_health(port, proc, log, a.start_timeout), 1)
+        print(f"[{shape}/{a.part}] healthy after {result['startup_s']} s", flush=True)
+        save()
+
+        async def one(path: str, length: int, conc: int, rep: int) -> dict[str, Any]:
+            if path in ("direct", "adapter"):
+                body = {"path": path, "length": length, "conc": conc, "rep": rep}
+                return dict(await http_post(port, "/bench/run", body, API_KEY, False))
+            return await http_case(port, API_KEY, path, length, conc, rep)
+
+        async def drive() -> None:
+            t = time.monotonic()
+            longest = min(8192, result["engine"]["max_model_len"] - MAX_TOKENS - 8)
+            for path in paths:  # warm-up: every path's code and the prefill/decode kernels at c=8
+                # every concurrency once: a new batch shape may compile or tune kernels on first use
+                # (the 35B-A3B's fused MoE has no tuned table for the H200), which must not land on one path
+                for length, conc in ((longest, 1), *((min(lens), c) for c in concs)):
+                    await one(path if path != "adapter" else "direct", length, conc, -1)
+            result["warmup_s"] = round(time.monotonic() - t, 1)
+            print(f"[{shape}/{a.part}] warm-up {result['warmup_s']} s", flush=True)
+            for length in lens:
+                for conc in concs:
+                    if a.budget and time.monotonic() - started > a.budget:
+                        result.setdefault("skipped", []).append([length, conc])  # out of device time
+                        print(f"[{shape}/{a.part}] budget spent: skipping {length}/{conc}", flush=True)
+                        continue
+                    got: dict[str, tuple[list[dict[str, Any]], list[float], list[int]]] = {
+                        p: ([], [], []) for p in paths
+                    }
+                    for rep in range(reps.get(length, 1)):
+                        for path in paths:  # interleaved, so drift hits every path alike
+                            if path == "adapter" and length not in a.adapter_lens:
+                                continue
+                            r = await one(path, length, conc, rep)
+                            got[path][0].extend(r["requests"])
+                            got[path][1].append(r["wall_s"])
+                            got[path][2].append(sum(q["tokens"] for q in r["requests"]))
+                    for path, (reqs, walls, toks) in got.items():
+                        if not reqs:
+                            continue
+                        row = {"shape": shape, "prompt_len": length, "concurrency": conc, "path": path}
+                        row |= summarize(reqs, walls, toks)
+                        result["runs"].append(row)
+                        print(json.dumps(row), flush=True)
+                    save()
+            if a.profile and a.part == "gateway":
+                await profile(a.out / f"pyspy_{shape}.txt", proc.pid, lambda: one("sparkgate", 2048, 8, 99))
+
+        asyncio.run(drive())
+    finally:
+        stop(proc)
+        shutil.copy(log, a.out / log.name)
+    save()
+    print(table([result]))
+    return 0
+
+
+async def profile(dest: Path, pid: int, case: Any) -> None:
+    """py-spy (non-blocking, so the gateway is not paused) on the gateway process during one case."""
+    exe = shutil.which("py-spy") or next(iter(Path("/tmp/site").glob("**/bin/py-spy")), None)
+    if exe is None:
+        print("py-spy not found: no profile", flush=True)
+        return
+    spy = subprocess.Popen(
+        [str(exe), "record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(dest), "-p", str(pid)]
+    )
+    await asyncio.sleep(1.0)  # py-spy attaches
+    for _ in range(3):
+        await case()
+    spy.send_signal(signal.SIGINT)
+    spy.wait(60)
+
+
+# --------------------------------------------------------------------------- table
+
+
+def table(parts: list[dict[str, Any]]) -> str:
+    """One row per shape, prompt and concurrency: output tok/s as a ratio to direct, TTFT p50 added
+    to direct's (ms), and each path's decode rate per stream."""
+    rows = [r for p in parts for r in p["runs"]]
+    cases = sorted({(r["shape"], r["prompt_len"], r["concurrency"]) for r in rows})
+    paths = [p for p in ("direct", "adapter", "sparkgate", "vllm_server") if any(r["path"] == p for r in rows)]
+    by = {(r["shape"], r["prompt_len"], r["concurrency"], r["path"]): r for r in rows}
+    others = [p for p in paths if p != "direct"]
+    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], "direct TTFT p50 ms"]
+    head += [f"{p} +ms" for p in others] + ["decode tok/s/stream " + " / ".join(paths)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, length, conc in cases:
+        d = by.get((shape, length, conc, "direct"))
+        cells = [shape, str(length), str(conc), f"{d['output_tok_s']:.1f}" if d else "-"]
+        for p in others:
+            r = by.get((shape, length, conc, p))
+            cells.append(f"{r['output_tok_s'] / d['output_tok_s']:.3f}" if r and d else "-")
+        cells.append(f"{d['ttft_p50_ms']:.1f}" if d else "-")
+        for p in others:
+            r = by.get((shape, length, conc, p))
+            cells.append(f"{r['ttft_p50_ms'] - d['ttft_p50_ms']:+.1f}" if r and d else "-")
+        decode = [by.get((shape, length, conc, p), {}).get("decode_tok_s_per_stream") for p in paths]
+        cells.append(" / ".join("-" if x is None else f"{x:.1f}" for x in decode))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-gateway":
+        serve_gateway(sys.argv[2])
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--shape", choices=sorted(SHAPE_FILES), default="35b-a3b")
+    ap.add_argument("--part", choices=["gateway", "vllm"], default="gateway")
+    ap.add_argument("--lens", default="2048,32768")
+    ap.add_argument("--conc", default="1,4,8")
+    ap.add_argument("--reps", default="", help="repetitions per prompt length, e.g. 2048:10,32768:2")
+    ap.add_argument("--adapter", action="store_true", help="also time sparkgate's engine adapter alone")
+    ap.add_argument("--adapter-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--start-timeout", type=float, default=420)
+    ap.add_argument("--budget", type=float, default=0, help="seconds from start after which cases are skipped")
+    ap.add_argument("--table", nargs="+", type=Path, help="merge these result files and print the table")
+    a = ap.parse_args()
+    if a.table:
+        print(table([json.loads(p.read_text()) for p in a.table]))
+        return 0
+    if a.out is None:
+        ap.error("OUT is required")
+    return run_part(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
