@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from engine_adapter.base import KVGroup, KVSpec
 from engine_adapter.spark.block_pool import BlockPool, block_hashes, cdiv
 from engine_adapter.spark.catalogue import ModelSpec
-from engine_adapter.spark.hardware import DGX_SPARK, BoxSpec, GiB
+from engine_adapter.spark.hardware import DGX_SPARK, BoxSpec, GiB, Serving
 from engine_adapter.spark.physics import StepCost, step_cost
 
 
@@ -82,6 +82,8 @@ class SimConfig:
     # vLLM's --long-prefill-token-threshold: while others run or wait, a prefill takes at
     # most this many tokens a step, so a short prompt need not wait for a long one (0: off).
     long_prefill_token_threshold: int = 0
+    # Weight and KV dtypes, speculative decoding, block size (default: the Spark deployment's).
+    serving: Serving = field(default_factory=Serving)
 
 
 class BoxSim:
@@ -96,10 +98,11 @@ class BoxSim:
     """
 
     def __init__(self, model: ModelSpec, box: BoxSpec = DGX_SPARK, config: SimConfig | None = None) -> None:
-        self.model = model
-        self.box = box
         self.config = config or SimConfig()
-        self.block_size = box.block_size
+        self.serving = self.config.serving
+        self.model = model.served(self.serving)
+        self.box = box
+        self.block_size = self.serving.block_size
         self.bytes_per_block = model.kv_bytes_per_token * self.block_size
         budget = self.config.kv_cache_bytes or int(model.kv_budget_gib * GiB)
         self.kv_cache_bytes = budget
@@ -308,6 +311,7 @@ class BoxSim:
             self.model,
             [r.prompt_len + r.generated - 1 for r in decodes],
             [(r.computed, n, r.computed + n == r.prompt_len) for r, n in chunks],
+            self.serving.routing_locality,
         )
         self.now = start + cost.seconds
         if cost.tokens:
