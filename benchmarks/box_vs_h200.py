@@ -176,6 +176,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--box", default="h200", help="a built-in box or a box file (its serving is ignored)")
     ap.add_argument("--measured", type=Path, help="a side-by-side result folder or a baseline CSV")
+    ap.add_argument("--model", choices=sorted(MODELS), help="only this model's runs")
     a = ap.parse_args()
     box, _ = load_box(a.box)
     if a.measured is not None:
@@ -186,6 +187,7 @@ def main() -> int:
         source = str(SIDE_BY_SIDE.relative_to(HERE.parent))
         if not runs:
             runs, source = read_baseline(), str(BASELINE.relative_to(HERE.parent))
+    runs = [r for r in runs if a.model is None or r.model == a.model]
     print(f"box: {box.name} (specs: {box.mem_bandwidth / 1e12:g} TB/s, {box.bf16_flops / 1e12:g} TFLOP/s BF16)")
     print(f"measured: {source}, {len(runs)} runs")
     header = f"{'model':<17}{'kv':>5}{'input':>7}{'c':>3}  {'metric':<19}{'measured':>10}{'predicted':>11}{'error':>9}"
