@@ -87,11 +87,12 @@ def test_the_scheduler_takes_the_serving_block_size() -> None:
     assert len(steps) == 4  # the prefill step samples one token, then one per decode step
 
 
-def test_built_in_boxes_and_the_h200_box_file() -> None:
+def test_built_in_boxes_and_their_box_files() -> None:
     assert load_box("dgx-spark") == (DGX_SPARK, Serving())
     assert load_box("h200") == (H200, Serving())
     box, serving = load_box(ROOT / "config/boxes/h200.yaml")
     assert box == H200 and serving == BENCH
+    assert load_box(ROOT / "config/boxes/dgx-spark.yaml") == (DGX_SPARK, Serving())
 
 
 def test_a_box_file_names_what_is_wrong(tmp_path: Path) -> None:
