@@ -4,6 +4,7 @@ step times out; built-in boxes and box files; `sparkgate plan --box`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -144,3 +145,22 @@ def test_plan_on_a_box_file(tmp_path: Path) -> None:
 def test_plan_refuses_an_unknown_box() -> None:
     r = plan("--box", "b300")
     assert r.returncode == 2 and "unknown box 'b300'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_box_vs_h200_reads_the_engine_direct_rows(tmp_path: Path) -> None:
+    """benchmarks/box_vs_h200.py on a side-by-side result: only `direct` rows, the run's engine settings."""
+    engine = {"max_num_seqs": 8, "max_num_batched_tokens": 4096, "long_prefill_token_threshold": 1568}
+    engine |= {"kv_cache_dtype": "fp8", "kv_cache_memory_bytes": 16 << 30, "vocab_size": 151_936}
+    row = {"shape": "27b", "prompt_len": 32768, "concurrency": 1, "ttft_p50_ms": 3495.21, "output_tok_s": 34.37}
+    runs = [row | {"path": "direct", "decode_tok_s_per_stream": 64.51}, row | {"path": "sparkgate"}]
+    (tmp_path / "side_by_side_27b_gateway.json").write_text(json.dumps({"engine": engine, "runs": runs}))
+    cmd = [sys.executable, str(ROOT / "benchmarks/box_vs_h200.py"), "--measured", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"measured: {tmp_path}, 1 runs" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("Qwen3.8-27B ")]
+    assert [(x[1], x[2], x[3], x[4]) for x in rows] == [
+        ("fp8", "32768", "1", m) for m in ("ttft_s", "decode_tok_s", "output_tok_s_total")
+    ]
+    # The H200's datasheet alone predicts this run within 15% on every metric.
+    assert all(abs(float(x[7].rstrip("%"))) < 15 for x in rows)
