@@ -36,7 +36,7 @@ from engine_adapter.spark.physics import (
     step_cost,
     weight_bytes_touched,
 )
-from engine_adapter.spark.scheduler import STEP_TOKENS, BoxSim, RequestEvent, SimConfig, StepResult
+from engine_adapter.spark.scheduler import STEP_TOKENS, BoxSim, RequestEvent, SimConfig, StepResult, kv_budget
 
 __all__ = [
     "BOXES",
@@ -67,6 +67,7 @@ __all__ = [
     "cdiv",
     "decode_step_cost",
     "distinct_experts",
+    "kv_budget",
     "step_cost",
     "weight_bytes_touched",
 ]

@@ -70,6 +70,16 @@ class _Request:
 
 # A simulated engine's scheduler budget per step (its prefill chunk) when its config sets none.
 STEP_TOKENS = 4096
+# The share of a box's memory vLLM takes (--gpu-memory-utilization of the Spark deployment).
+GPU_MEMORY_UTILIZATION = 0.8
+
+
+def kv_budget(model: ModelSpec, box: BoxSpec, serving: Serving) -> int:
+    """KV bytes one engine of `model` gets alone on `box`: on the Spark as deployed, the budget
+    read off its logs; elsewhere what the utilization leaves after the weights (served dtype)."""
+    if box == DGX_SPARK and serving.weight_dtype == "nvfp4":
+        return int(model.kv_budget_gib * GiB)
+    return int(box.memory_bytes * GPU_MEMORY_UTILIZATION - model.served(serving).weight_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +87,7 @@ class SimConfig:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = STEP_TOKENS
     max_model_len: int = 262144
-    kv_cache_bytes: int | None = None  # default: the model's KV budget
+    kv_cache_bytes: int | None = None  # default: the model's KV budget (`kv_budget`)
     enable_prefix_caching: bool = True
     # vLLM's --long-prefill-token-threshold: while others run or wait, a prefill takes at
     # most this many tokens a step, so a short prompt need not wait for a long one (0: off).
@@ -104,7 +114,9 @@ class BoxSim:
         self.box = box
         self.block_size = self.serving.block_size
         self.bytes_per_block = model.kv_bytes_per_token * self.block_size
-        budget = self.config.kv_cache_bytes or int(model.kv_budget_gib * GiB)
+        budget = self.config.kv_cache_bytes or kv_budget(model, box, self.serving)
+        if budget <= 0:
+            raise ValueError(f"{model.name}'s weights leave no KV on the {box.name}")
         self.kv_cache_bytes = budget
         pool_bytes = budget - self.config.max_num_seqs * model.linear_state_bytes
         if pool_bytes < 2 * self.bytes_per_block:

@@ -19,10 +19,12 @@ from engine_adapter.spark import (
     MODELS,
     NO_SPEC,
     BoxSim,
+    GiB,
     Serving,
     SimConfig,
     decode_step_cost,
     distinct_experts,
+    kv_budget,
     step_cost,
 )
 from gateway.settings import load_box
@@ -86,6 +88,16 @@ def test_the_scheduler_takes_the_serving_block_size() -> None:
     steps = sim.run_until_idle()
     assert sum(e.new_tokens for s in steps for e in s.events) == 4
     assert len(steps) == 4  # the prefill step samples one token, then one per decode step
+
+
+def test_the_kv_budget_is_what_the_box_leaves_after_the_weights() -> None:
+    assert kv_budget(MOE, DGX_SPARK, Serving()) == int(MOE.kv_budget_gib * GiB)  # read off the Spark's logs
+    bf16 = MOE.served(BENCH).weight_bytes  # ~69 GB of BF16 weights
+    assert kv_budget(MOE, H200, BENCH) == int(141e9 * 0.8 - bf16)
+    assert BoxSim(MOE, H200, SimConfig(serving=BENCH)).kv_cache_bytes == kv_budget(MOE, H200, BENCH)
+    small = dataclasses.replace(H200, memory_bytes=48 * GiB)
+    with pytest.raises(ValueError, match="weights leave no KV"):
+        BoxSim(MOE, small, SimConfig(serving=BENCH))
 
 
 def test_built_in_boxes_and_their_box_files() -> None:
