@@ -186,7 +186,10 @@ def plan(
     config: Annotated[Path, typer.Option("--config", "-c", help="A config with simulated models")] = Path(
         "config/sim-dgx-spark.yaml"
     ),
-    boxes: Annotated[int, typer.Option(help="DGX Spark boxes to place the models on")] = 2,
+    boxes: Annotated[int, typer.Option(help="Boxes to place the models on")] = 2,
+    box: Annotated[
+        str, typer.Option(help="The box: a built-in one (dgx-spark, h200) or a box file (YAML, config/boxes/)")
+    ] = "dgx-spark",
     mix: Annotated[str | None, typer.Option(help="Workload shares, e.g. chat=0.7,document=0.1,summary=0.2")] = None,
     target: Annotated[float, typer.Option(help="SLO attainment a placement must keep")] = 0.95,
     per_user: Annotated[float, typer.Option(help="Requests per user per minute, for the users column")] = 1.0,
@@ -201,12 +204,17 @@ def plan(
 
     from gateway.plan import planner
     from gateway.plan.fleet import DEFAULT_WORKLOAD
-    from gateway.settings import load_settings
+    from gateway.settings import load_box, load_settings
 
     try:
         settings = load_settings(config)
     except (OSError, ValueError) as e:
         typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        box_spec, serving = load_box(box)
+    except (OSError, ValueError) as e:
+        typer.echo(f"sparkgate: invalid box {box}:\n{e}", err=True)
         raise typer.Exit(2) from None
     if any(m.simulated is None for m in settings.models):
         typer.echo("sparkgate: plan needs every model's `simulated` section (its box-model key)", err=True)
@@ -225,14 +233,15 @@ def plan(
         kinds = [dataclasses.replace(k, share=shares.get(k.name, 0.0)) for k in kinds if shares.get(k.name, 0.0) > 0]
     rates = [round(step * i, 4) for i in range(1, int(max_rate / step + 1e-9) + 1)]
     rows = []
-    for placement in planner.placements(settings.models, boxes):
+    typer.echo(f"box: {box_spec.name}; serving: {serving}", err=True)
+    for placement in planner.placements(settings.models, boxes, box_spec, serving):
         row = planner.sustain(
             placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration, seeds=seeds
         )
         typer.echo(f"  {placement.name}: {row.sustained_rps:.2f} req/s", err=True)
         rows.append(row)
     typer.echo("\n".join(planner.table(rows, target, per_user)))
-    out.write_text(planner.html(rows, kinds, target, per_user))
+    out.write_text(planner.html(rows, kinds, target, per_user, box_spec))
     typer.echo(f"plot: {out}")
 
 

@@ -11,13 +11,16 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from policies.memory_plan import MemoryPlan, ModelMemory, PlanDoesNotFit, plan_memory
+
+if TYPE_CHECKING:
+    from engine_adapter.spark import BoxSpec, Serving
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -488,6 +491,78 @@ class PlacementSettings(_Model):
 
     name: str
     boxes: tuple[BoxPlacement, ...]
+
+
+class ServingSettings(_Model):
+    """How the engines on a box serve their models (the box model's `Serving`)."""
+
+    weight_dtype: Literal["nvfp4", "fp8", "bf16"] = "nvfp4"
+    kv_dtype: Literal["fp8", "bf16"] = "fp8"
+    spec_decode: bool = True
+    block_size: int = Field(16, ge=1)
+    routing_locality: float = Field(0.1, gt=0, le=1)  # 1.0 for dummy (random) weights
+
+
+class BoxEfficiency(_Model):
+    """Shares of a box's peaks its kernel paths reach (physical, documented; never fitted to
+    one box's runs). Defaults: engine_adapter/spark/hardware.py's shared constants."""
+
+    gemm: float = Field(gt=0, le=1)  # large-M prefill GEMMs, of the weight dtype's peak
+    bandwidth: float = Field(0.82, gt=0, le=1)
+    attention: float = Field(0.4, gt=0, le=1)  # of the BF16 peak
+    moe_gemm: float = Field(0.12, gt=0, le=1)  # expert GEMMs relative to dense ones
+
+
+class BoxFileSettings(_Model):
+    """A box file (config/boxes/*.yaml): one box's public specs, the efficiencies its kernel
+    paths reach, its per-step costs, and how its engines serve (read by `sparkgate plan --box`)."""
+
+    name: str
+    memory: int  # GPU-visible bytes: 141GB, 128GiB
+    memory_bandwidth: float = Field(gt=0)  # bytes/s, peak
+    bf16_flops: float = Field(gt=0)  # dense peaks (not the sparse figures)
+    fp8_flops: float = Field(gt=0)
+    fp4_flops: float = Field(0.0, ge=0)  # 0: no FP4 tensor cores
+    efficiency: BoxEfficiency
+    step_overhead_s: float = Field(ge=0)
+    forward_overhead_s: float = Field(0.0004, ge=0)
+    frontend_latency_s: float = Field(0.0, ge=0)
+    serving: ServingSettings = ServingSettings()
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_bytes(v)
+
+
+def load_box(ref: str | Path) -> tuple[BoxSpec, Serving]:
+    """(BoxSpec, Serving) for a built-in box's name (dgx-spark, h200: the Spark deployment's
+    serving) or a box file's path. ValueError/OSError name what is wrong."""
+    from engine_adapter.spark import BOXES, BoxSpec, Serving
+
+    if str(ref) in BOXES:
+        return BOXES[str(ref)], Serving()
+    path = Path(ref)
+    if path.suffix not in (".yaml", ".yml"):
+        raise ValueError(f"unknown box {str(ref)!r}: a built-in one ({', '.join(BOXES)}) or a box file (.yaml)")
+    raw = yaml.safe_load(path.read_text()) or {}
+    f = BoxFileSettings.model_validate(raw)
+    box = BoxSpec(
+        name=f.name,
+        memory_bytes=f.memory,
+        mem_bandwidth=f.memory_bandwidth,
+        bf16_flops=f.bf16_flops,
+        fp8_flops=f.fp8_flops,
+        fp4_flops=f.fp4_flops,
+        bandwidth_efficiency=f.efficiency.bandwidth,
+        gemm_efficiency=f.efficiency.gemm,
+        attention_efficiency=f.efficiency.attention,
+        moe_gemm_efficiency=f.efficiency.moe_gemm,
+        step_overhead_s=f.step_overhead_s,
+        forward_overhead_s=f.forward_overhead_s,
+        frontend_latency_s=f.frontend_latency_s,
+    )
+    return box, Serving(**f.serving.model_dump())
 
 
 class Settings(BaseSettings):

@@ -1,8 +1,9 @@
-"""A first-principles model of one NVIDIA DGX Spark serving one model with vLLM.
+"""A first-principles model of one box (an NVIDIA DGX Spark by default) serving one model with vLLM.
 
 Pure and synchronous: no asyncio, no wall clock. By concern:
 
-- `hardware`: the box's specs and the global efficiency constants (`BoxSpec`, `DGX_SPARK`);
+- `hardware`: a box's public specs and kernel-path efficiencies (`BoxSpec`; built in:
+  `DGX_SPARK`, the default, and `H200`) and the serving settings (`Serving`);
 - `catalogue`: the served models' shapes and speculative decoders (`ModelSpec`, `MODELS`);
 - `physics`: step-time physics (`step_cost`, `decode_step_cost`): memory-bound decode,
   compute-bound prefill, speculative decoding;
@@ -13,19 +14,19 @@ Reference: /work/shared/reference/dgx-spark.md and benchmarks/sim_vs_measured.py
 """
 
 from engine_adapter.spark.block_pool import BlockPool, block_hashes, cdiv
-from engine_adapter.spark.catalogue import MODELS, NVFP4_BYTES_PER_PARAM, ModelSpec, SpecDecode
+from engine_adapter.spark.catalogue import MODELS, NO_SPEC, NVFP4_BYTES_PER_PARAM, ModelSpec, SpecDecode
 from engine_adapter.spark.hardware import (
-    ATTENTION_FLOPS,
-    BANDWIDTH_EFFICIENCY,
-    DENSE_FLOPS,
+    BOXES,
     DGX_SPARK,
-    FORWARD_OVERHEAD_S,
-    FRONTEND_LATENCY_S,
-    MOE_GEMM_EFFICIENCY,
-    ROUTING_LOCALITY,
-    STEP_OVERHEAD_S,
+    H200,
+    KV_BYTES,
+    TRAINED_ROUTING_LOCALITY,
+    WEIGHT_BYTES,
     BoxSpec,
     GiB,
+    KVDtype,
+    Serving,
+    WeightDtype,
 )
 from engine_adapter.spark.physics import (
     StepCost,
@@ -35,36 +36,38 @@ from engine_adapter.spark.physics import (
     step_cost,
     weight_bytes_touched,
 )
-from engine_adapter.spark.scheduler import STEP_TOKENS, BoxSim, RequestEvent, SimConfig, StepResult
+from engine_adapter.spark.scheduler import STEP_TOKENS, BoxSim, RequestEvent, SimConfig, StepResult, kv_budget
 
 __all__ = [
-    "ATTENTION_FLOPS",
-    "BANDWIDTH_EFFICIENCY",
-    "DENSE_FLOPS",
+    "BOXES",
     "DGX_SPARK",
-    "FORWARD_OVERHEAD_S",
-    "FRONTEND_LATENCY_S",
+    "H200",
+    "KV_BYTES",
     "MODELS",
-    "MOE_GEMM_EFFICIENCY",
+    "NO_SPEC",
     "NVFP4_BYTES_PER_PARAM",
-    "ROUTING_LOCALITY",
-    "STEP_OVERHEAD_S",
     "STEP_TOKENS",
+    "TRAINED_ROUTING_LOCALITY",
+    "WEIGHT_BYTES",
     "BlockPool",
     "BoxSim",
     "BoxSpec",
     "GiB",
+    "KVDtype",
     "ModelSpec",
     "RequestEvent",
+    "Serving",
     "SimConfig",
     "SpecDecode",
     "StepCost",
     "StepResult",
+    "WeightDtype",
     "attention_flops",
     "block_hashes",
     "cdiv",
     "decode_step_cost",
     "distinct_experts",
+    "kv_budget",
     "step_cost",
     "weight_bytes_touched",
 ]

@@ -3,18 +3,20 @@ and FLOPs, and their speculative decoders."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-# NVFP4: 4-bit values plus one FP8 scale per 16 values.
-NVFP4_BYTES_PER_PARAM = 0.5 + 1 / 16
+from engine_adapter.spark.hardware import KV_BYTES, WEIGHT_BYTES, Serving, WeightDtype
+
+NVFP4_BYTES_PER_PARAM = WEIGHT_BYTES["nvfp4"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class SpecDecode:
     """A speculative decoder: k draft tokens per step, each accepted with probability alpha."""
 
-    kind: Literal["mtp", "dflash"]  # mtp: k sequential draft passes; dflash: one parallel block pass
+    kind: Literal["mtp", "dflash", "none"]  # mtp: k sequential draft passes; dflash: one parallel block pass
     draft_tokens: int  # k
     acceptance: float  # alpha, per-token acceptance (i.i.d. assumption)
     draft_params: float  # weights one draft pass reads besides the (shared) lm_head
@@ -29,7 +31,15 @@ class SpecDecode:
 
     @property
     def draft_passes(self) -> int:
+        if self.kind == "none":
+            return 0
         return self.draft_tokens if self.kind == "mtp" else 1
+
+
+# Speculative decoding off: one position per sequence per step, nothing drafted.
+NO_SPEC = SpecDecode(
+    kind="none", draft_tokens=0, acceptance=0.0, draft_params=0.0, draft_flops_params=0.0, source="off"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +50,7 @@ class ModelSpec:
     total_params: float  # resident parameters (Flash-Next's NVMe n-gram table excluded)
     active_params: float  # multiplied per token, lm_head included, embeddings excluded
     lm_head_params: float  # part of active_params, only computed for sampled positions
-    weight_bytes_per_param: float
+    weight_dtype: WeightDtype = "nvfp4"
     num_experts: int = 0  # routed experts per MoE layer (0 = dense)
     experts_per_token: int = 0
     expert_params: float = 0.0  # all routed experts' parameters, all layers
@@ -54,6 +64,20 @@ class ModelSpec:
     spec: SpecDecode
     kv_budget_gib: float  # KV pool at --gpu-memory-utilization 0.8 (from the box's logs)
     notes: str = ""
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return WEIGHT_BYTES[self.weight_dtype]
+
+    def served(self, serving: Serving) -> ModelSpec:
+        """This model as an engine with these settings serves it: weight and KV dtypes, and its
+        speculative decoder or none."""
+        return dataclasses.replace(
+            self,
+            weight_dtype=serving.weight_dtype,
+            kv_dtype_bytes=KV_BYTES[serving.kv_dtype],
+            spec=self.spec if serving.spec_decode else NO_SPEC,
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -92,7 +116,6 @@ MODELS: dict[str, ModelSpec] = {
         total_params=34.7e9,
         active_params=2.95e9,
         lm_head_params=248320 * 2048,
-        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
         num_experts=256,
         experts_per_token=8,
         expert_params=40 * 256 * 3 * 2048 * 512,
@@ -123,7 +146,6 @@ MODELS: dict[str, ModelSpec] = {
         total_params=26.9e9,
         active_params=25.6e9,
         lm_head_params=248320 * 5120,
-        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
         layers=64,
         full_attention_layers=16,
         q_heads=24,
@@ -152,7 +174,6 @@ MODELS: dict[str, ModelSpec] = {
         total_params=125e9,
         active_params=6.0e9,
         lm_head_params=248320 * 4096,
-        weight_bytes_per_param=NVFP4_BYTES_PER_PARAM,
         num_experts=512,
         experts_per_token=10,
         expert_params=118e9,

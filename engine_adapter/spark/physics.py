@@ -1,9 +1,9 @@
-"""Step-time physics: how long one continuous-batching engine step takes on the box.
+"""Step-time physics: how long one continuous-batching engine step takes on a box.
 
-A decode step is bound by the bytes it must stream from the 273 GB/s LPDDR5x (active
-weights, MoE experts the batch touches, KV of the full-attention layers, linear-attention
-state); a prefill chunk is bound by tensor-core FLOPs (GEMMs linear in tokens, attention
-quadratic over the full-attention layers). Speculative decoding verifies k+1 positions per
+A decode step is bound by the bytes it must stream from memory (active weights, MoE experts
+the batch touches, KV of the full-attention layers, linear-attention state); a prefill chunk
+is bound by tensor-core FLOPs (GEMMs linear in tokens at the weight dtype's rate, attention
+quadratic over the full-attention layers at the BF16 rate). Speculative decoding verifies k+1 positions per
 sequence per step and keeps (1 - a^(k+1)) / (1 - a) of them.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_adapter.spark.catalogue import ModelSpec
-from engine_adapter.spark.hardware import BoxSpec
+from engine_adapter.spark.hardware import TRAINED_ROUTING_LOCALITY, BoxSpec
 
 
 def distinct_experts(model: ModelSpec, tokens: int, locality: float = 1.0) -> float:
@@ -67,11 +67,12 @@ def _draft_cost(box: BoxSpec, model: ModelSpec, decodes: int, prefill_tokens: in
         positions = decodes if sd.kind == "mtp" else decodes * sd.draft_tokens
         per_pass = (sd.draft_params + model.lm_head_params) * model.weight_bytes_per_param
         flops = 2 * (sd.draft_flops_params + model.lm_head_params) * positions
-        one = max(per_pass / box.effective_bandwidth, flops / box.dense_flops) + box.forward_overhead_s
+        dense_flops = box.dense_flops(model.weight_dtype)
+        one = max(per_pass / box.effective_bandwidth, flops / dense_flops) + box.forward_overhead_s
         seconds += sd.draft_passes * one
         total_bytes += sd.draft_passes * per_pass
     if prefill_tokens:
-        seconds += 2 * sd.draft_flops_params * prefill_tokens / box.dense_flops
+        seconds += 2 * sd.draft_flops_params * prefill_tokens / box.dense_flops(model.weight_dtype)
     return seconds, total_bytes
 
 
@@ -80,11 +81,13 @@ def step_cost(
     model: ModelSpec,
     decode_contexts: Sequence[int],
     prefill_chunks: Sequence[tuple[int, int, bool]] = (),
+    routing_locality: float = TRAINED_ROUTING_LOCALITY,
 ) -> StepCost:
-    """Time of one continuous-batching step.
+    """Time of one continuous-batching step of `model` as served (`ModelSpec.served`).
 
     decode_contexts: the KV length of each decoding sequence (each verifies k+1 positions).
     prefill_chunks: (tokens already cached, chunk length, whether the chunk ends the prompt).
+    routing_locality: share of a layer's experts decode tokens route over (`Serving`).
     """
     k1 = model.spec.draft_tokens + 1
     n_dec = len(decode_contexts)
@@ -95,7 +98,7 @@ def step_cost(
     sampled = n_dec * k1 + sum(1 for *_, last in prefill_chunks if last)
     kvt = model.kv_bytes_per_token
     state = model.linear_state_bytes
-    nbytes = weight_bytes_touched(model, tokens, sampled, 1.0 if n_pre else box.routing_locality)
+    nbytes = weight_bytes_touched(model, tokens, sampled, 1.0 if n_pre else routing_locality)
     # Decode: read each context's KV; GDN reads its state and writes one per verified position
     # (vLLM keeps a state per speculative position so a rejection can roll back).
     nbytes += sum(c * kvt + state * (1 + k1) for c in decode_contexts)
@@ -105,9 +108,10 @@ def step_cost(
     expert = 2 * model.active_expert_params * tokens
     attn = sum(attention_flops(model, c, k1) for c in decode_contexts)
     attn += sum(attention_flops(model, c, n) for c, n, _ in prefill_chunks)
-    compute_s = dense / box.dense_flops + attn / box.attention_flops
+    dense_flops = box.dense_flops(model.weight_dtype)
+    compute_s = dense / dense_flops + attn / box.attention_flops
     # Expert GEMMs are slow only when each expert sees many rows (prefill); decode is memory-bound anyway.
-    compute_s += expert / (box.dense_flops * (box.moe_gemm_efficiency if n_pre else 1.0))
+    compute_s += expert / (dense_flops * (box.moe_gemm_efficiency if n_pre else 1.0))
     memory_s = nbytes / box.effective_bandwidth
     draft_s, draft_bytes = _draft_cost(box, model, n_dec, n_pre)
     seconds = max(memory_s, compute_s) + draft_s + box.step_overhead_s
@@ -123,6 +127,8 @@ def step_cost(
     )
 
 
-def decode_step_cost(box: BoxSpec, model: ModelSpec, contexts: Sequence[int]) -> StepCost:
+def decode_step_cost(
+    box: BoxSpec, model: ModelSpec, contexts: Sequence[int], routing_locality: float = TRAINED_ROUTING_LOCALITY
+) -> StepCost:
     """A pure decode step (no prefill in the batch)."""
-    return step_cost(box, model, contexts)
+    return step_cost(box, model, contexts, (), routing_locality)

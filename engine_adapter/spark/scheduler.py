@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from engine_adapter.base import KVGroup, KVSpec
 from engine_adapter.spark.block_pool import BlockPool, block_hashes, cdiv
 from engine_adapter.spark.catalogue import ModelSpec
-from engine_adapter.spark.hardware import DGX_SPARK, BoxSpec, GiB
+from engine_adapter.spark.hardware import DGX_SPARK, BoxSpec, GiB, Serving
 from engine_adapter.spark.physics import StepCost, step_cost
 
 
@@ -70,6 +70,16 @@ class _Request:
 
 # A simulated engine's scheduler budget per step (its prefill chunk) when its config sets none.
 STEP_TOKENS = 4096
+# The share of a box's memory vLLM takes (--gpu-memory-utilization of the Spark deployment).
+GPU_MEMORY_UTILIZATION = 0.8
+
+
+def kv_budget(model: ModelSpec, box: BoxSpec, serving: Serving) -> int:
+    """KV bytes one engine of `model` gets alone on `box`: on the Spark as deployed, the budget
+    read off its logs; elsewhere what the utilization leaves after the weights (served dtype)."""
+    if box == DGX_SPARK and serving.weight_dtype == "nvfp4":
+        return int(model.kv_budget_gib * GiB)
+    return int(box.memory_bytes * GPU_MEMORY_UTILIZATION - model.served(serving).weight_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +87,13 @@ class SimConfig:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = STEP_TOKENS
     max_model_len: int = 262144
-    kv_cache_bytes: int | None = None  # default: the model's KV budget
+    kv_cache_bytes: int | None = None  # default: the model's KV budget (`kv_budget`)
     enable_prefix_caching: bool = True
     # vLLM's --long-prefill-token-threshold: while others run or wait, a prefill takes at
     # most this many tokens a step, so a short prompt need not wait for a long one (0: off).
     long_prefill_token_threshold: int = 0
+    # Weight and KV dtypes, speculative decoding, block size (default: the Spark deployment's).
+    serving: Serving = field(default_factory=Serving)
 
 
 class BoxSim:
@@ -96,12 +108,15 @@ class BoxSim:
     """
 
     def __init__(self, model: ModelSpec, box: BoxSpec = DGX_SPARK, config: SimConfig | None = None) -> None:
-        self.model = model
-        self.box = box
         self.config = config or SimConfig()
-        self.block_size = box.block_size
+        self.serving = self.config.serving
+        self.model = model.served(self.serving)
+        self.box = box
+        self.block_size = self.serving.block_size
         self.bytes_per_block = model.kv_bytes_per_token * self.block_size
-        budget = self.config.kv_cache_bytes or int(model.kv_budget_gib * GiB)
+        budget = self.config.kv_cache_bytes or kv_budget(model, box, self.serving)
+        if budget <= 0:
+            raise ValueError(f"{model.name}'s weights leave no KV on the {box.name}")
         self.kv_cache_bytes = budget
         pool_bytes = budget - self.config.max_num_seqs * model.linear_state_bytes
         if pool_bytes < 2 * self.bytes_per_block:
@@ -308,6 +323,7 @@ class BoxSim:
             self.model,
             [r.prompt_len + r.generated - 1 for r in decodes],
             [(r.computed, n, r.computed + n == r.prompt_len) for r, n in chunks],
+            self.serving.routing_locality,
         )
         self.now = start + cost.seconds
         if cost.tokens:

@@ -1,5 +1,5 @@
-"""DGX Spark boxes serving a workload in virtual time: the routing benchmark and the
-capacity planner run on this.
+"""Boxes (DGX Sparks by default, or any `BoxSpec`) serving a workload in virtual time: the
+routing benchmark and the capacity planner run on this.
 
 Each model is a `BoxSim` (engine_adapter/spark/scheduler.py) placed on a box. Requests arrive
 (Poisson, a mix of kinds, each with its SLO class); a strategy picks each one's model:
@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, GiB, SimConfig, StepResult
+from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, GiB, Serving, SimConfig, StepResult
 from gateway.router import load_model, slo_classes
 from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings
 from policies.lanes import Flight, LaneSpec
@@ -66,6 +66,8 @@ class Deployed:
 class Placement:
     name: str
     models: tuple[Deployed, ...]
+    box: BoxSpec = DGX_SPARK  # every box of the placement is one of these
+    serving: Serving = field(default_factory=Serving)
 
     @property
     def boxes(self) -> list[str]:
@@ -231,8 +233,9 @@ class Fleet:
                 kv_cache_bytes=int(d.kv_gib * GiB),
                 max_num_batched_tokens=d.max_num_batched_tokens,
                 long_prefill_token_threshold=d.long_prefill_token_threshold,
+                serving=placement.serving,
             )
-            sim = BoxSim(spec, DGX_SPARK, config)
+            sim = BoxSim(spec, placement.box, config)
             self.lanes[d.name] = _Lane(d, sim)
             kv = sim.kv_spec()
             specs.append(

@@ -1,8 +1,10 @@
-"""`sparkgate plan`: how much of a workload each placement of the models on DGX Spark boxes
-sustains within its SLOs, on the box model (gateway/plan/fleet.py), routed as the gateway routes.
+"""`sparkgate plan`: how much of a workload each placement of the models on identical boxes
+(DGX Sparks by default; `--box h200` or a box file for any other) sustains within its SLOs,
+on the box model (gateway/plan/fleet.py), routed as the gateway routes.
 
 A placement puts each model on a box, or leaves it out; a box holds its models' weights
-and a share of KV within its usable memory (the three models cannot all share one box).
+(at the serving's weight dtype) and a share of KV within its usable memory (the three models
+cannot all share one DGX Spark).
 For each placement the planner raises the offered load until SLO attainment drops below
 the target, and reports the highest load that met it, as requests/s and as users.
 """
@@ -15,13 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from engine_adapter.spark import MODELS, GiB
+from engine_adapter.spark import DGX_SPARK, MODELS, WEIGHT_BYTES, BoxSpec, GiB, Serving
 from gateway.plan.fleet import Deployed, Placement, RequestKind, Summary, simulate
 from gateway.plan.plot import line_chart
 from gateway.settings import ModelSettings, RoutingSettings
 
-# What the planner assumes of a box: 128 GiB, of which vLLM may use this share.
-BOX_BYTES = 128 * GiB
+# The share of a box's memory vLLM may use.
 UTILIZATION = 0.8
 MIN_KV_GIB = 8.0  # less KV than this per model is not worth a placement
 
@@ -36,17 +37,24 @@ class PlanRow:
         return self.sustained_rps * 60 / requests_per_user_per_min
 
 
-def _weights_gib(m: ModelSettings) -> float:
-    if m.weights_bytes is not None:
-        return m.weights_bytes / GiB
+def _weights_gib(m: ModelSettings, serving: Serving) -> float:
+    """A model's weights and overheads on the box: its configured `weights_bytes` (the NVFP4
+    checkpoints') scaled to the serving's weight dtype, else the catalogue's weights."""
     assert m.simulated is not None
-    return MODELS[m.simulated.model].weight_bytes / GiB
+    scale = WEIGHT_BYTES[serving.weight_dtype] / WEIGHT_BYTES["nvfp4"]
+    if m.weights_bytes is not None:
+        return m.weights_bytes * scale / GiB
+    return MODELS[m.simulated.model].served(serving).weight_bytes / GiB
 
 
-def placements(models: Sequence[ModelSettings], boxes: int) -> list[Placement]:
+def placements(
+    models: Sequence[ModelSettings], boxes: int, box: BoxSpec = DGX_SPARK, serving: Serving | None = None
+) -> list[Placement]:
     """Every way to put the models on `boxes` identical boxes (a model may be left out)
-    that fits in memory, each box's spare memory split evenly as KV."""
-    usable = BOX_BYTES * UTILIZATION / GiB
+    that fits in memory, each box's spare memory split evenly as KV (on a DGX Spark, at most
+    the KV budget each model got there)."""
+    serving = serving or Serving()
+    usable = box.memory_bytes * UTILIZATION / GiB
     seen: set[tuple[tuple[str, ...], ...]] = set()
     out: list[Placement] = []
     for assign in itertools.product(range(-1, boxes), repeat=len(models)):
@@ -61,17 +69,19 @@ def placements(models: Sequence[ModelSettings], boxes: int) -> list[Placement]:
         fits = True
         for i, names in enumerate(groups):
             ms = [m for m in models if m.name in names]
-            spare = usable - sum(_weights_gib(m) for m in ms)
+            spare = usable - sum(_weights_gib(m, serving) for m in ms)
             kv = spare / len(ms)
             if kv < MIN_KV_GIB:
                 fits = False
                 break
             for m in ms:
                 whole = Deployed.of(m, f"box-{i + 1}")
-                deployed.append(dataclasses.replace(whole, kv_gib=min(kv, whole.kv_gib)))
+                # The catalogue's KV budgets were read off the Spark's logs; another box has what is spare.
+                cap = whole.kv_gib if box == DGX_SPARK else kv
+                deployed.append(dataclasses.replace(whole, kv_gib=min(kv, cap)))
         if fits:
             name = " | ".join(" + ".join(g) for g in groups)
-            out.append(Placement(name, tuple(deployed)))
+            out.append(Placement(name, tuple(deployed), box, serving))
     return out
 
 
@@ -111,7 +121,9 @@ def table(rows: Sequence[PlanRow], target: float, per_user: float) -> list[str]:
     return lines
 
 
-def html(rows: Sequence[PlanRow], kinds: Sequence[RequestKind], target: float, per_user: float) -> str:
+def html(
+    rows: Sequence[PlanRow], kinds: Sequence[RequestKind], target: float, per_user: float, box: BoxSpec = DGX_SPARK
+) -> str:
     """A page: the workload, the table, attainment against load for every placement."""
     svg = line_chart(
         {r.placement.name: [(s.rate, s.attainment * 100) for s in r.curve] for r in rows},
@@ -136,7 +148,7 @@ def html(rows: Sequence[PlanRow], kinds: Sequence[RequestKind], target: float, p
         "</style><h1>Capacity plan</h1>"
         f"<p>Workload mix:</p><ul>{mix}</ul>"
         f"<p>Sustained: the highest offered load at which at least {target:.0%} of requests met their SLO "
-        f"(routed by the gateway's router, on the DGX Spark box model). Users: at {per_user:g} request(s) per "
-        "user per minute.</p>"
+        f"(routed by the gateway's router, on the box model of the {escape(box.name)}). Users: at {per_user:g} "
+        "request(s) per user per minute.</p>"
         f"<table><tr><th>placement</th><th>req/s</th><th>users</th></tr>{body}</table>{svg}"
     )
