@@ -457,9 +457,12 @@ class FairShareSettings(_Model):
     enabled: bool = True
     reserve_slots: int = Field(DEFAULT_RESERVE_SLOTS, ge=1)  # running sequences owed to each active user
     idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=3600)  # a user stays active this long after its last request
+    max_share: float = Field(1.0, gt=0, le=1)  # of the slots, for one user while others are active
 
     def policy(self) -> FairShare:
-        return FairShare(enabled=self.enabled, reserve_slots=self.reserve_slots, idle_s=self.idle_s)
+        return FairShare(
+            enabled=self.enabled, reserve_slots=self.reserve_slots, idle_s=self.idle_s, max_share=self.max_share
+        )
 
 
 class AdmissionSettings(_Model):

@@ -10,7 +10,10 @@ the users who run little, so they start at once:
 - a user running fewer than it is owed may take any free room (it is taking what it is
   owed); a user running its due or more may take only room nobody else is owed;
 - a user is active while it has a job running or waiting, and for `idle_s` after its
-  last one ended: a user sending one request after another keeps its room between them.
+  last one ended: a user sending one request after another keeps its room between them;
+- while others are active, a user runs at most `max_share` of the slots (never fewer than
+  it is owed): where each sequence in the batch makes every step longer (a CPU), the
+  flood's batch is what delays a light user's first token.
 
 A lone user is owed nothing by anyone else, so it gets every slot (work-conserving); as
 more users become active, what a flood may hold shrinks by what they are owed. Room is
@@ -38,6 +41,9 @@ class FairShare:
     enabled: bool = True
     reserve_slots: int = DEFAULT_RESERVE_SLOTS  # sequences owed to each active user
     idle_s: float = DEFAULT_IDLE_S  # a user stays active this long after its last job ended
+    # While others are active, a user runs at most this share of the slots (never less than
+    # `reserve_slots`): fewer sequences beside a light user's make the engine's steps shorter.
+    max_share: float = 1.0
 
 
 OFF = FairShare(enabled=False)
@@ -62,6 +68,7 @@ class Shares:
         self.policy = policy
         # A short request's KV: a slot's even share of the pool.
         self._block_cap = max(1, blocks // max(1, slots))
+        self._share_cap = max(policy.reserve_slots, math.floor(policy.max_share * slots + 1e-9))
         self._users: dict[str, _User] = {}
         self._owed_slots = 0
         self._owed_blocks = 0
@@ -117,6 +124,8 @@ class Shares:
         if running < self.policy.reserve_slots:
             return True  # it takes what it is owed itself
         assert u is not None  # (it runs something)
+        if len(self._users) > 1 and running + sequences > self._share_cap:
+            return False
         others_slots = self._owed_slots - u.owed_slots
         others_blocks = self._owed_blocks - u.owed_blocks
         return free_slots - sequences >= others_slots and free_blocks - blocks >= others_blocks

@@ -214,3 +214,22 @@ def test_multiple_sequences_count_as_slots() -> None:
     assert isinstance(a.offer(two, 0.0)[0], Admit)  # under its due: it may take what it is owed
     assert isinstance(a.offer(demand("heavy", sequences=2), 0.0)[0], Queue)  # would leave light 0
     assert isinstance(a.offer(demand("heavy"), 0.0)[0], Queue)  # its FIFO waits behind
+
+
+def test_max_share_caps_a_user_only_while_others_are_active() -> None:
+    s = Shares(FairShare(max_share=0.5), slots=4, blocks=40)  # 2 of 4 slots beside others
+    s.queued("heavy", 1, 1)
+    s.started("heavy", 1)
+    s.started("heavy", 1)
+    assert s.allows("heavy", 1, 1, free_slots=2, free_blocks=30)  # alone: every slot
+    s.queued("light", 1, 1)
+    s.started("light", 1)  # running its due: owed nothing
+    assert s.owed() == (0, 0)
+    assert not s.allows("heavy", 1, 1, free_slots=1, free_blocks=30)  # at its share
+    assert s.allows("light", 1, 1, free_slots=1, free_blocks=30)  # under: may take more
+    low = Shares(FairShare(max_share=0.1, reserve_slots=2), slots=4, blocks=40)  # never under its due
+    low.queued("y", 1, 1)
+    low.queued("x", 1, 1)
+    low.started("x", 2)
+    low.started("y", 2)
+    assert low.allows("x", 0, 0, free_slots=0, free_blocks=40) and not low.allows("x", 1, 1, 0, 40)
