@@ -11,7 +11,8 @@ requests in flight per key), with two keys, and:
 1. light alone: the light user sends short streaming completions one at a time;
 2. beside the flood: right after, the heavy user starts keeping FLOOD long streaming
    completions in flight (a 429 is retried after its Retry-After); once the flood queues,
-   the light user's short requests one at a time again;
+   the light user's short requests one at a time again; the flood stops, the pool drains;
+   1 and 2 alternate a few rounds (the host's noise comes and goes);
 3. heavy alone: after the light user's idle grace, the same flood with nobody else; the
    pool's running sequences are sampled: a lone user should get every slot.
 TTFT is the client's: from the request to the first streamed token (openai SDK).
@@ -37,6 +38,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,50 +167,54 @@ class Client:
         await self.http.aclose()
 
 
-async def run_one(base_url: str, model: str, name: str, n_light: int, heavy_s: float) -> dict[str, Phase]:
+async def run_one(base_url: str, model: str, name: str, n_light: int, heavy_s: float, rounds: int) -> dict[str, Phase]:
     c = Client(base_url, model)
     rng = random.Random(SEED)
     out = {"alone": Phase(), "heavy alone": Phase(), "beside": Phase()}
     try:
         await c.light(Phase(), 3, rng)  # warm-up
         await c.stream("heavy", prompt(rng, HEAVY_PROMPT), 16)
-        # 1. light alone
-        t0 = time.perf_counter()
-        await c.light(out["alone"], n_light, rng)
-        out["alone"].wall_s = time.perf_counter() - t0
-        log(f"fair share {name}: light alone p50 {pct(out['alone'].light_ttft_s, 50):.3f} s")
-        # 2. the light user beside the flood (it is active: its last request just ended), then
-        # 3. the heavy user alone (after the light user's idle grace)
-        for step in ("beside", "heavy alone"):
-            phase = out[step]
-            flood = [asyncio.create_task(c.heavy_stream(phase, rng)) for _ in range(FLOOD)]
-            # The flood takes what it may and queues before anything is measured.
-            while (await c.pool())["queued"] < 1:
-                await asyncio.sleep(0.05)
-            sampler = asyncio.create_task(c.sample(phase))
+        # Alone and beside alternate, `rounds` times: the host's noise comes and goes.
+        for _ in range(rounds):
             t0 = time.perf_counter()
-            tokens0 = await c.generated()
-            if step == "heavy alone":
-                await asyncio.sleep(heavy_s)
-            else:
-                await c.light(phase, n_light, rng)
-            phase.wall_s = time.perf_counter() - t0
-            phase.engine_tokens = await c.generated() - tokens0
-            for t in [*flood, sampler]:
-                t.cancel()
-            for t in [*flood, sampler]:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            await c.drained()
+            await c.light(out["alone"], n_light // rounds, rng)
+            out["alone"].wall_s += time.perf_counter() - t0
+            # Beside the flood right after: the light user is active (its last request just ended).
+            await flood_phase(c, out["beside"], rng, lambda p: c.light(p, n_light // rounds, rng))
+        # The heavy user alone, after the light user's idle grace.
+        await flood_phase(c, out["heavy alone"], rng, lambda _: asyncio.sleep(heavy_s))
+        for step, phase in out.items():
             log(
-                f"fair share {name}: {step}: {phase.heavy_completed} heavy done, "
-                f"running mean {statistics.fmean(phase.running or [0]):.2f}"
-                + (f", light p50 {pct(phase.light_ttft_s, 50):.3f} s" if phase.light_ttft_s else "")
+                f"fair share {name}: {step}: running mean {statistics.fmean(phase.running or [0]):.2f}"
+                + (f", light p50 {pct(phase.light_ttft_s, 50) * 1000:.0f} ms" if phase.light_ttft_s else "")
             )
-            await asyncio.sleep(1.5)  # past the light user's idle grace: the heavy user is alone
     finally:
         await c.close()
     return out
+
+
+async def flood_phase(
+    c: Client, phase: Phase, rng: random.Random, during: Callable[[Phase], Awaitable[object]]
+) -> None:
+    """The heavy user's flood while `during` runs; then it stops, the pool drains, and the
+    light user's idle grace passes."""
+    flood = [asyncio.create_task(c.heavy_stream(phase, rng)) for _ in range(FLOOD)]
+    # The flood takes what it may and queues before anything is measured.
+    while (await c.pool())["queued"] < 1:
+        await asyncio.sleep(0.05)
+    sampler = asyncio.create_task(c.sample(phase))
+    t0 = time.perf_counter()
+    tokens0 = await c.generated()
+    await during(phase)
+    phase.wall_s += time.perf_counter() - t0
+    phase.engine_tokens += await c.generated() - tokens0
+    for t in [*flood, sampler]:
+        t.cancel()
+    for t in [*flood, sampler]:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    await c.drained()
+    await asyncio.sleep(1.5)  # past the light user's idle grace (1 s)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -216,12 +222,13 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))] if s else math.nan
 
 
-def report(results: dict[str, dict[str, Phase]], n_light: int, heavy_s: float) -> str:
+def report(results: dict[str, dict[str, Phase]], n_light: int, heavy_s: float, rounds: int) -> str:
     out = ["## Flood: a light user's TTFT alone vs. beside a flood, fair share off and on", ""]
     out.append(
         f"config/default.yaml (tiny-qwen3 dense, random weights, max_num_seqs 8, 64 MiB KV, 16 in flight per key). "
         f"Heavy user: {FLOOD} streams in flight, {HEAVY_PROMPT} prompt + {HEAVY_MAX_TOKENS} output tokens "
-        f"(ignore_eos), a 429 retried after its Retry-After. Light user: {n_light} streams one at a time, "
+        f"(ignore_eos), a 429 retried after its Retry-After. Light user: {n_light} streams one at a time "
+        f"({rounds} rounds of alone then beside), "
         f"{LIGHT_PROMPT} prompt + {LIGHT_MAX_TOKENS} output tokens. TTFT on the client (openai SDK). "
         f"Heavy alone: {heavy_s:g} s of the flood with nobody else; running = the pool's running sequences "
         "sampled every 0.1 s."
@@ -275,8 +282,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     runtime_env.configure(ROOT / ".cache")
-    n_light, heavy_s = (10, 5.0) if args.quick else (20, 10.0)
-    variants: dict[str, dict[str, Any]] = {"off": {"enabled": False}, "on (config/default.yaml)": {}}
+    n_light, heavy_s, rounds = (10, 5.0, 2) if args.quick else (40, 10.0, 4)
+    share = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())["admission"]["fair_share"]["max_share"]
+    variants: dict[str, dict[str, Any]] = {"off": {"enabled": False}, f"on, max_share {share:g} (default.yaml)": {}}
     for share in args.max_share:
         variants[f"on, max_share {share:g}"] = {"max_share": share}
     results: dict[str, dict[str, Phase]] = {}
@@ -285,8 +293,8 @@ def main() -> None:
             path, port, model = config(Path(tmp), fair)
             with launch(path, Path(tmp) / f"gateway-{i}.log", port) as gw:
                 log(f"fair share {name}: gateway up")
-                results[name] = asyncio.run(run_one(gw.base_url, model, name, n_light, heavy_s))
-    print(report(results, n_light, heavy_s), flush=True)
+                results[name] = asyncio.run(run_one(gw.base_url, model, name, n_light, heavy_s, rounds))
+    print(report(results, n_light, heavy_s, rounds), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({k: {p: asdict(v) for p, v in r.items()} for k, r in results.items()}))
 
