@@ -17,8 +17,8 @@ What it guarantees, per pool (one pool = one engine's KV cache and slots):
 - waiting requests start in priority-class order, and within a class by
   least-recently-served user (round robin), so a light user waits at most one
   service slot behind a heavy one; with fair share (policies/fair.py) it does not
-  wait at all: a user running less than it is owed takes room a flood may not. A request that does not fit yet may be
-  bypassed by smaller ones at most `max_bypass` times, then the pool drains
+  wait at all: a user running less than it is owed takes room a flood may not. A
+  request that does not fit yet may be bypassed by smaller ones at most `max_bypass` times, then the pool drains
   for it (no starvation of big requests).
 """
 
@@ -131,23 +131,23 @@ class Admission:
     # `now`: the caller's clock, in seconds; only fair share's idle grace reads it.
 
     def offer(self, d: Demand, now: float = 0.0) -> tuple[Decision, list[Admit | Reject]]:
-        """A new job. Returns its decision and what else changed (entries displaced from the queue)."""
-        self._expire(now)
+        """A new job. Returns its decision and what else changed (entries displaced from the
+        queue, entries admitted to room an idle user's grace no longer holds)."""
+        others: list[Admit | Reject] = list(self.expire(now))
         pool = self._pools[d.pool]
         if pool.closed:
-            return self._closed(d.id, pool), []
+            return self._closed(d.id, pool), others
         if d.worst_case_blocks > pool.limits.blocks or d.sequences > pool.limits.max_sequences:
-            return self._too_large(d, pool), []
+            return self._too_large(d, pool), others
         if self._user_queued(pool, d.user) >= self.limits.max_queued_per_user:
-            return self._busy(d, pool, RejectReason.USER_QUEUE_FULL), []
-        others: list[Admit | Reject] = []
+            return self._busy(d, pool, RejectReason.USER_QUEUE_FULL), others
         if pool.queued >= self.limits.max_queued or pool.queued_tokens + d.tokens > self.limits.max_queued_tokens:
             victim = self._displaceable(pool, d)
             if victim is None:
                 reason = (
                     RejectReason.QUEUE_FULL if pool.queued >= self.limits.max_queued else RejectReason.QUEUE_TOKENS_FULL
                 )
-                return self._busy(d, pool, reason), []
+                return self._busy(d, pool, reason), others
             self._unqueue(pool, victim, now)
             others.append(
                 self._busy(victim.demand, pool, RejectReason.DISPLACED, "Your request was displaced by the fair share.")
@@ -163,12 +163,13 @@ class Admission:
     def release(self, job_id: str, now: float = 0.0) -> list[Admit]:
         """An admitted job ended (success, error, timeout, disconnect): free it, admit who now fits.
 
-        Releasing twice, or releasing an id that was never admitted, is a no-op.
+        Releasing twice, or releasing an id that was never admitted, is a no-op (but for what
+        time passing frees).
         """
-        self._expire(now)
+        freed = self.expire(now)
         pool_name = self._holder_pool(job_id)
         if pool_name is None:
-            return []
+            return freed
         pool = self._pools[pool_name]
         h = pool.holdings.pop(job_id)
         pool.private -= h.private
@@ -185,17 +186,19 @@ class Admission:
         if self._user_running[h.demand.user] == 0:
             del self._user_running[h.demand.user]
         pool.shares.ended(h.demand.user, h.demand.sequences, now)
-        return self._schedule_all()
+        return freed + self._schedule_all()
 
     def cancel(self, job_id: str, now: float = 0.0) -> list[Admit]:
         """A job gave up (its client left): unqueue it if waiting, else release it."""
         w = self._where.get(job_id)
         if w is None:
             return self.release(job_id, now)
-        self._expire(now)
+        freed = self.expire(now)
+        if job_id not in self._where:
+            return freed  # admitted to the room that fell free
         self._unqueue(self._pools[w.demand.pool], w, now)
         # The bypass budget it held back may let others in now.
-        return self._schedule_all()
+        return freed + self._schedule_all()
 
     def timeout(self, job_id: str, now: float = 0.0) -> Reject | None:
         """A waiting job's time is up: its rejection, or None if it was admitted meanwhile."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from policies.admission import Admission
-from policies.demand import Admit, Demand, PoolLimits, Queue, QueueLimits
+from policies.demand import Admit, Demand, PoolLimits, Queue, QueueLimits, Reject
 from policies.fair import OFF, FairShare, Shares
 
 _ids = itertools.count()
@@ -233,3 +233,25 @@ def test_max_share_caps_a_user_only_while_others_are_active() -> None:
     low.started("x", 2)
     low.started("y", 2)
     assert low.allows("x", 0, 0, free_slots=0, free_blocks=40) and not low.allows("x", 1, 1, 0, 40)
+
+
+def _held_for_light(now: float = 0.5) -> tuple[Admission, Demand]:
+    """Two slots: light idle (owed one until 1.0), heavy running one, its second waiting."""
+    a = make(slots=2)
+    light = demand("light")
+    a.offer(light, 0.0)
+    a.release(light.id, 0.0)
+    _, (waiting, d) = flood(a, "heavy", 2, now=now)
+    assert isinstance(d, Queue)
+    return a, waiting
+
+
+def test_any_event_after_the_grace_admits_who_the_freed_room_fits() -> None:
+    a, waiting = _held_for_light()
+    decision, others = a.offer(demand("light", blocks=1000), 5.0)  # rejected: too large
+    assert isinstance(decision, Reject) and others == [Admit(waiting.id, 1, 0)]
+    a, waiting = _held_for_light()
+    assert a.release("no-such-job", 5.0) == [Admit(waiting.id, 1, 0)]
+    a, waiting = _held_for_light()
+    # Cancelled as the room fell free: it was admitted first (the shell gives it back).
+    assert a.cancel(waiting.id, 5.0) == [Admit(waiting.id, 1, 0)]
