@@ -1,5 +1,6 @@
 """The async shell around `policies.admission`: futures for waiters, queue timeouts,
-tickets that release exactly once, and the numbers /sparkgate/stats shows.
+tickets that release exactly once, the timer that frees room fair share kept for an idle
+user (policies/fair.py), and the numbers /sparkgate/stats shows.
 
 One event loop drives it, so the state machine needs no lock: every call into
 it runs to completion between awaits.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from gateway.errors import GatewayError, from_reject
 from policies.admission import Admission
 from policies.demand import Admit, Demand, PoolLimits, PoolSnapshot, Queue, QueueLimits, Reject, RejectReason
+from policies.fair import OFF, FairShare
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,13 @@ class AdmissionControl:
         limits: QueueLimits,
         *,
         timeouts_s: dict[int, float],
+        fair: FairShare = OFF,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.state = Admission(pools, limits)
+        self.state = Admission(pools, limits, fair)
         self._timeouts = timeouts_s
         self._clock = clock
+        self._expiry: tuple[float, asyncio.TimerHandle] | None = None  # (when, its timer)
         self._waiters: dict[str, tuple[asyncio.Future[Admit], str]] = {}  # job id -> (future, pool)
         self._service_s: dict[str, float] = {}
         self.metrics = AdmissionMetrics()
@@ -96,7 +100,7 @@ class AdmissionControl:
     async def acquire(self, demand: Demand) -> Ticket:
         """Wait for room; raise the client-facing error when the answer is no."""
         t0 = self._clock()
-        decision, others = self.state.offer(demand)
+        decision, others = self.state.offer(demand, self._clock())
         self._dispatch(others)
         if isinstance(decision, Reject):
             raise self._error(decision, demand.pool)
@@ -111,7 +115,8 @@ class AdmissionControl:
         try:
             admit = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
-            reject = self.state.timeout(demand.id)
+            reject = self.state.timeout(demand.id, self._clock())
+            self._arm()
             if reject is not None:
                 self._waiters.pop(demand.id, None)
                 raise self._error(reject, demand.pool) from None
@@ -120,9 +125,9 @@ class AdmissionControl:
             # The client left (or the server is stopping) while it waited.
             self._waiters.pop(demand.id, None)
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._dispatch(self.state.release(demand.id))
+                self._dispatch(self.state.release(demand.id, self._clock()))
             else:
-                self._dispatch(self.state.cancel(demand.id))
+                self._dispatch(self.state.cancel(demand.id, self._clock()))
             raise
         return self._ticket(demand, admit, t0)
 
@@ -141,13 +146,34 @@ class AdmissionControl:
             if waiter is None or waiter[0].done():
                 # Its waiter is gone (cancelled between decisions): give the room back.
                 if isinstance(c, Admit):
-                    self._dispatch(self.state.release(c.id))
+                    self._dispatch(self.state.release(c.id, self._clock()))
                 continue
             fut, pool = waiter
             if isinstance(c, Admit):
                 fut.set_result(c)
             else:
                 fut.set_exception(self._error(c, pool))
+        self._arm()
+
+    def _arm(self) -> None:
+        """Keep one timer, at the time room kept for an idle user falls free (if any)."""
+        when = self.state.next_expiry()
+        if self._expiry is not None:
+            if self._expiry[0] == when:
+                return
+            self._expiry[1].cancel()
+            self._expiry = None
+        if when is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): the next event expires it
+            return
+        self._expiry = (when, loop.call_later(max(0.0, when - self._clock()), self._expired))
+
+    def _expired(self) -> None:
+        self._expiry = None
+        self._dispatch(self.state.expire(self._clock()))
 
     def _error(self, reject: Reject, pool: str) -> GatewayError:
         self.metrics.rejected[reject.reason.label] += 1
@@ -178,12 +204,12 @@ class AdmissionControl:
         pool = ticket.demand.pool
         prev = self._service_s.get(pool)
         self._service_s[pool] = held if prev is None else (1 - _EWMA) * prev + _EWMA * held
-        self._dispatch(self.state.release(ticket.id))
+        self._dispatch(self.state.release(ticket.id, self._clock()))
 
     def close(self, pool: str, retry_after_s: float | None = None) -> None:
         """Turn away the pool's queue and newcomers (503 `engine_unavailable`, Retry-After
         `retry_after_s`; None: no retry hint) until `reopen`."""
-        self._dispatch(self.state.close(pool, retry_after_s))
+        self._dispatch(self.state.close(pool, retry_after_s, self._clock()))
 
     def reopen(self, pool: str) -> None:
         self._dispatch(self.state.reopen(pool))

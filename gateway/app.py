@@ -151,6 +151,7 @@ def admission_control(settings: Settings, served: list[ServedModel]) -> Admissio
             max_scan=a.max_scan,
         ),
         timeouts_s={PRIORITY_CLASSES.index(name): t for name, t in a.queue_timeout_s.items()},
+        fair=a.fair_share.policy(),
     )
 
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
 from policies.memory_plan import MemoryPlan, ModelMemory, PlanDoesNotFit, plan_memory
 
 if TYPE_CHECKING:
@@ -453,6 +454,20 @@ class LimitSettings(_Model):
 _DEFAULT_QUEUE_TIMEOUT_S: dict[PriorityClass, float] = {"interactive": 60.0, "batch": 600.0}
 
 
+class FairShareSettings(_Model):
+    """Room kept for users who run little beside a flood (policies/fair.py)."""
+
+    enabled: bool = True
+    reserve_slots: int = Field(DEFAULT_RESERVE_SLOTS, ge=1)  # running sequences owed to each active user
+    idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=3600)  # a user stays active this long after its last request
+    max_share: float = Field(1.0, gt=0, le=1)  # of the slots, for one user while others are active
+
+    def policy(self) -> FairShare:
+        return FairShare(
+            enabled=self.enabled, reserve_slots=self.reserve_slots, idle_s=self.idle_s, max_share=self.max_share
+        )
+
+
 class AdmissionSettings(_Model):
     """The fair queue in front of the engines (see policies/admission.py)."""
 
@@ -464,6 +479,7 @@ class AdmissionSettings(_Model):
     per_user_max_concurrency: int | None = Field(None, ge=1)
     queue_timeout_s: dict[PriorityClass, float] = Field(default_factory=lambda: dict(_DEFAULT_QUEUE_TIMEOUT_S))
     priority_header: str = "X-Sparkgate-Priority"
+    fair_share: FairShareSettings = FairShareSettings()
 
 
 class BoxSettings(_Model):

@@ -16,8 +16,9 @@ What it guarantees, per pool (one pool = one engine's KV cache and slots):
   with fewer), so a flood cannot lock a light user out;
 - waiting requests start in priority-class order, and within a class by
   least-recently-served user (round robin), so a light user waits at most one
-  service slot behind a heavy one. A request that does not fit yet may be
-  bypassed by smaller ones at most `max_bypass` times, then the pool drains
+  service slot behind a heavy one; with fair share (policies/fair.py) it does not
+  wait at all: a user running less than it is owed takes room a flood may not. A
+  request that does not fit yet may be bypassed by smaller ones at most `max_bypass` times, then the pool drains
   for it (no starvation of big requests).
 """
 
@@ -40,6 +41,7 @@ from policies.demand import (
     Reject,
     RejectReason,
 )
+from policies.fair import OFF, FairShare, Shares
 
 DEFAULT_LIMITS = QueueLimits()
 
@@ -86,6 +88,7 @@ class _Pool:
     user_queued: dict[str, int] = field(default_factory=dict)
     closed: bool = False
     closed_retry_s: float | None = None  # when to try again while closed (None: not soon)
+    shares: Shares = field(init=False)
 
     @property
     def used(self) -> int:
@@ -112,34 +115,40 @@ class _Pool:
 class Admission:
     """The ledger and the fair queue of every pool. Not thread-safe: one event loop drives it."""
 
-    def __init__(self, pools: Iterable[PoolLimits], limits: QueueLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, pools: Iterable[PoolLimits], limits: QueueLimits = DEFAULT_LIMITS, fair: FairShare = OFF
+    ) -> None:
         self.limits = limits
         self._pools = {p.name: _Pool(p) for p in pools}
+        for p in self._pools.values():
+            p.shares = Shares(fair, p.limits.max_sequences, p.limits.blocks)
         self._seq = itertools.count()
         self._serve_clock = itertools.count(1)
         self._user_running: dict[str, int] = {}
         self._where: dict[str, _Waiting] = {}  # waiting job id -> its entry
 
     # -- requests --------------------------------------------------------------
+    # `now`: the caller's clock, in seconds; only fair share's idle grace reads it.
 
-    def offer(self, d: Demand) -> tuple[Decision, list[Admit | Reject]]:
-        """A new job. Returns its decision and what else changed (entries displaced from the queue)."""
+    def offer(self, d: Demand, now: float = 0.0) -> tuple[Decision, list[Admit | Reject]]:
+        """A new job. Returns its decision and what else changed (entries displaced from the
+        queue, entries admitted to room an idle user's grace no longer holds)."""
+        others: list[Admit | Reject] = list(self.expire(now))
         pool = self._pools[d.pool]
         if pool.closed:
-            return self._closed(d.id, pool), []
+            return self._closed(d.id, pool), others
         if d.worst_case_blocks > pool.limits.blocks or d.sequences > pool.limits.max_sequences:
-            return self._too_large(d, pool), []
+            return self._too_large(d, pool), others
         if self._user_queued(pool, d.user) >= self.limits.max_queued_per_user:
-            return self._busy(d, pool, RejectReason.USER_QUEUE_FULL), []
-        others: list[Admit | Reject] = []
+            return self._busy(d, pool, RejectReason.USER_QUEUE_FULL), others
         if pool.queued >= self.limits.max_queued or pool.queued_tokens + d.tokens > self.limits.max_queued_tokens:
             victim = self._displaceable(pool, d)
             if victim is None:
                 reason = (
                     RejectReason.QUEUE_FULL if pool.queued >= self.limits.max_queued else RejectReason.QUEUE_TOKENS_FULL
                 )
-                return self._busy(d, pool, reason), []
-            self._unqueue(pool, victim)
+                return self._busy(d, pool, reason), others
+            self._unqueue(pool, victim, now)
             others.append(
                 self._busy(victim.demand, pool, RejectReason.DISPLACED, "Your request was displaced by the fair share.")
             )
@@ -151,14 +160,16 @@ class Admission:
             return mine, others
         return Queue(d.id, self._position(pool, d)), others
 
-    def release(self, job_id: str) -> list[Admit]:
+    def release(self, job_id: str, now: float = 0.0) -> list[Admit]:
         """An admitted job ended (success, error, timeout, disconnect): free it, admit who now fits.
 
-        Releasing twice, or releasing an id that was never admitted, is a no-op.
+        Releasing twice, or releasing an id that was never admitted, is a no-op (but for what
+        time passing frees).
         """
+        freed = self.expire(now)
         pool_name = self._holder_pool(job_id)
         if pool_name is None:
-            return []
+            return freed
         pool = self._pools[pool_name]
         h = pool.holdings.pop(job_id)
         pool.private -= h.private
@@ -174,24 +185,28 @@ class Admission:
         self._user_running[h.demand.user] -= 1
         if self._user_running[h.demand.user] == 0:
             del self._user_running[h.demand.user]
-        return self._schedule_all()
+        pool.shares.ended(h.demand.user, h.demand.sequences, now)
+        return freed + self._schedule_all()
 
-    def cancel(self, job_id: str) -> list[Admit]:
+    def cancel(self, job_id: str, now: float = 0.0) -> list[Admit]:
         """A job gave up (its client left): unqueue it if waiting, else release it."""
         w = self._where.get(job_id)
         if w is None:
-            return self.release(job_id)
-        self._unqueue(self._pools[w.demand.pool], w)
+            return self.release(job_id, now)
+        freed = self.expire(now)
+        if job_id not in self._where:
+            return freed  # admitted to the room that fell free
+        self._unqueue(self._pools[w.demand.pool], w, now)
         # The bypass budget it held back may let others in now.
-        return self._schedule_all()
+        return freed + self._schedule_all()
 
-    def timeout(self, job_id: str) -> Reject | None:
+    def timeout(self, job_id: str, now: float = 0.0) -> Reject | None:
         """A waiting job's time is up: its rejection, or None if it was admitted meanwhile."""
         w = self._where.get(job_id)
         if w is None:
             return None
         pool = self._pools[w.demand.pool]
-        self._unqueue(pool, w)
+        self._unqueue(pool, w, now)
         return self._busy(w.demand, pool, RejectReason.QUEUE_TIMEOUT, "Your request waited too long in the queue.")
 
     def prefilled(self, job_id: str) -> None:
@@ -237,7 +252,15 @@ class Admission:
 
     # -- capacity --------------------------------------------------------------
 
-    def close(self, pool_name: str, retry_after_s: float | None = None) -> list[Reject]:
+    def expire(self, now: float) -> list[Admit]:
+        """Time passed: room owed to users idle since `idle_s` before `now` falls free; who now fits."""
+        return self._schedule_all() if self._expire(now) else []
+
+    def next_expiry(self) -> float | None:
+        """When `expire` should run next (the caller's clock; None: no need)."""
+        return min((t for p in self._pools.values() if (t := p.shares.next_expiry()) is not None), default=None)
+
+    def close(self, pool_name: str, retry_after_s: float | None = None, now: float = 0.0) -> list[Reject]:
         """The pool's engine is gone: reject everyone waiting for it, and every newcomer until
         `reopen`, with `retry_after_s` (seconds; None: it is not coming back soon). Holdings stay
         until their jobs release them. Closing a closed pool updates its retry hint."""
@@ -246,7 +269,7 @@ class Admission:
         pool.closed_retry_s = retry_after_s
         rejects = []
         for w in [w for w in self._where.values() if w.demand.pool == pool_name]:
-            self._unqueue(pool, w)
+            self._unqueue(pool, w, now)
             rejects.append(self._closed(w.demand.id, pool))
         return rejects
 
@@ -275,12 +298,21 @@ class Admission:
             admitted=len(p.holdings),
             queued=p.queued,
             queued_tokens=p.queued_tokens,
+            active_users=p.shares.active(),
+            owed_slots=p.shares.owed()[0],
+            owed_blocks=p.shares.owed()[1],
         )
 
     def user_running(self, user: str) -> int:
         return self._user_running.get(user, 0)
 
     # -- internals -------------------------------------------------------------
+
+    def _expire(self, now: float) -> bool:
+        changed = False
+        for p in self._pools.values():
+            changed = p.shares.expire(now) or changed
+        return changed
 
     def _holder_pool(self, job_id: str) -> str | None:
         for name, pool in self._pools.items():
@@ -360,8 +392,9 @@ class Admission:
         pool.class_queued[d.priority] = pool.class_queued.get(d.priority, 0) + 1
         pool.user_queued[d.user] = pool.user_queued.get(d.user, 0) + 1
         self._where[d.id] = w
+        pool.shares.queued(d.user, d.sequences, d.worst_case_blocks)
 
-    def _unqueue(self, pool: _Pool, w: _Waiting) -> None:
+    def _unqueue(self, pool: _Pool, w: _Waiting, now: float) -> None:
         d = w.demand
         fifo = pool.waiting[d.priority][d.user]
         was_head = fifo[0] is w
@@ -380,6 +413,7 @@ class Admission:
         if not pool.user_queued[d.user]:
             del pool.user_queued[d.user]
         del self._where[d.id]
+        pool.shares.unqueued(d.user, now)
 
     def _position(self, pool: _Pool, d: Demand) -> int:
         """Entries of its class and more urgent ones that wait beside it (round robin decides the order)."""
@@ -390,9 +424,15 @@ class Admission:
         ok = pool.used + cost <= pool.limits.blocks and pool.sequences + d.sequences <= pool.limits.max_sequences
         return ok, cost, hits
 
+    def _fair(self, pool: _Pool, d: Demand, cost: int) -> bool:
+        """Whether it leaves the room others are owed (it fits: `_fits`)."""
+        free_slots = pool.limits.max_sequences - pool.sequences
+        return pool.shares.allows(d.user, d.sequences, cost, free_slots, pool.limits.blocks - pool.used)
+
     def _admit(self, pool: _Pool, w: _Waiting, hits: int) -> Admit:
         d = w.demand
-        self._unqueue(pool, w)
+        pool.shares.started(d.user, d.sequences)  # first: busy, it never looks idle in between
+        self._unqueue(pool, w, 0.0)
         keys: list[Hashable] = []
         owned: list[Hashable] = []
         dup: list[Hashable] = []
@@ -444,7 +484,10 @@ class Admission:
                 if cap is not None and self._user_running.get(user, 0) >= cap:
                     skipped.append(item)  # not eligible now; keeps its place
                     continue
-                ok, _, hits = self._fits(pool, head.demand)
+                ok, cost, hits = self._fits(pool, head.demand)
+                if ok and not self._fair(pool, head.demand, cost):
+                    skipped.append(item)  # it would take room others are owed; keeps its place
+                    continue
                 if not ok:
                     failed.append(head)
                     skipped.append(item)

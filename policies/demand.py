@@ -119,3 +119,6 @@ class PoolSnapshot:
     admitted: int
     queued: int
     queued_tokens: int
+    active_users: int = 0  # users running, waiting or recently served (policies/fair.py)
+    owed_slots: int = 0  # running slots kept for active users that run less than they are owed
+    owed_blocks: int = 0  # and KV blocks
