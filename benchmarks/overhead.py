@@ -508,7 +508,9 @@ def profile(tmp: Path, requests: int, rate: float, stream: bool, prompt_tokens: 
     config.write_text(sparkgate_config(port))
     raw = tmp / "profile.txt"
     sample_hz = 500
-    args = [str(spy), "record", "-r", str(sample_hz), "-f", "raw", "-o", str(raw), "--"]
+    # --gil: samples of the thread holding the GIL only (py-spy cannot tell idle threads here:
+    # without it a thread blocked in epoll or on a lock counts as busy).
+    args = [str(spy), "record", "--gil", "-r", str(sample_hz), "-f", "raw", "-o", str(raw), "--"]
     args += [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
     with _process(args, tmp / "profile.log", f"http://127.0.0.1:{port}/ready") as spy_pid:
         import uvloop
@@ -531,7 +533,7 @@ def profile(tmp: Path, requests: int, rate: float, stream: bool, prompt_tokens: 
     kind = ("streaming " if stream else "non-streaming ") + (
         f"completions of {prompt_tokens} prompt ids" if prompt_tokens else "chats"
     )
-    print(f"sparkgate CPU per request: {requests} {kind} at {rate:g}/s, py-spy at {sample_hz} Hz")
+    print(f"sparkgate GIL time per request: {requests} {kind} at {rate:g}/s, py-spy at {sample_hz} Hz")
     print("| where | µs / request | share |")
     print("|---|---|---|")
     for category, samples in counts.most_common():
