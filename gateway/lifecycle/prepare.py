@@ -131,7 +131,7 @@ def _forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
 def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt) -> TurnSpec:
     """How this request's output is read: where reasoning starts, which tool calls to parse."""
     formats = served.formats
-    reasoning = templates.reasoning_start(prompt.text) if formats.reasoning else "none"
+    reasoning = templates.reasoning_start(tokens.text_of(served.tokenizer, prompt)) if formats.reasoning else "none"
     forced: Literal["named", "required"] | None = None
     if req.forced_function is not None:
         forced = "named"
@@ -437,7 +437,7 @@ async def _completion_prompts(served: ServedModel, req: CompletionRequest) -> li
                     f"Invalid 'prompt': token ids must be of this model's vocabulary (0..{vocab_size - 1}).",
                     param="prompt",
                 )
-            prompts.append(tokens.from_ids(served.tokenizer, p))
+            prompts.append(tokens.from_ids(p))
     if any(len(p) == 0 for p in prompts):
         raise InvalidRequest("Prompt must not be empty.", param="prompt")
     return prompts
