@@ -352,19 +352,42 @@ async def open_loop(
 
 
 async def run_levels(
-    ports: dict[str, tuple[int, int]], rates: list[float], seconds: float, max_p99_ms: float, prompt_tokens: int
+    ports: dict[str, tuple[int, int]],
+    rates: list[float],
+    seconds: float,
+    max_p99_ms: float,
+    prompt_tokens: int,
+    repeat: int,
 ) -> list[Level]:
+    """Each rate, streaming and not, `repeat` times for every server in turn (the order rotated
+    each time, so drift in the machine's load hits all alike); a level's repeats pooled."""
     out: list[Level] = []
     failed: set[tuple[str, bool]] = set()
     for name, (port, pid) in ports.items():  # warm up: first-request paths, caches, connections
         for stream in (False, True):
             await open_loop(port, pid, name, stream, 100, 1.0, prompt_tokens)
+    names = list(ports)
     for rate in rates:
         for stream in (False, True):
-            for name, (port, pid) in ports.items():
-                if (name, stream) in failed:
-                    continue
-                level = await open_loop(port, pid, name, stream, rate, seconds, prompt_tokens)
+            runs: dict[str, list[Level]] = {n: [] for n in names if (n, stream) not in failed}
+            for r in range(repeat):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    if name in runs:
+                        port, pid = ports[name]
+                        runs[name].append(await open_loop(port, pid, name, stream, rate, seconds, prompt_tokens))
+                        await asyncio.sleep(0.5)  # let the server settle (and collect) before the next
+            for name, levels in runs.items():
+                level = Level(
+                    name,
+                    stream,
+                    rate,
+                    sum(lv.sent for lv in levels),
+                    sum(lv.errors for lv in levels),
+                    [x for lv in levels for x in lv.latencies],
+                    max(lv.connections for lv in levels),
+                    next((lv.first_error for lv in levels if lv.errors), ""),
+                    sum(lv.cpu_s for lv in levels),
+                )
                 out.append(level)
                 ok = level.errors == 0 and level.pct(0.99) <= max_p99_ms
                 print(
@@ -377,7 +400,6 @@ async def run_levels(
                 )
                 if level.errors or level.pct(0.5) > max_p99_ms:  # saturated, not a noisy tail: stop
                     failed.add((name, stream))
-                await asyncio.sleep(1.0)  # let the server settle (and collect) before the next level
     return out
 
 
@@ -385,7 +407,8 @@ def report(levels: list[Level], servers: list[str], max_p99_ms: float, args: arg
     print()
     print(
         f"{args.prompt_tokens or 'chat'} {'id prompt' if args.prompt_tokens else 'completions'}, max_tokens 1, open"
-        f" loop, {args.seconds:g} s a level (100 requests at least); latency from when each request was due;"
+        f" loop, {args.repeat} x {args.seconds:g} s a level (100 requests at least each); latency from when each"
+        f" request was due;"
         f" sustained = no errors and p99 <= {max_p99_ms:g} ms; added = server - floor at the same rate"
     )
     by = {(lv.server, lv.stream, lv.rate): lv for lv in levels}
@@ -548,7 +571,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="10,25,50,100,250,500,1000,2000")
     p.add_argument("--prompt-tokens", type=int, default=0, help="completions of an id prompt this long, not chats")
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each level per server, interleaved, pooled")
     p.add_argument("--max-p99-ms", type=float, default=50.0)
     # "sparkgate@REF": the gateway as of a git ref too (a cut's before and after in one run).
     p.add_argument("--servers", default="floor,sparkgate,litellm")
@@ -573,7 +597,7 @@ def main() -> None:
                 ref = s.partition("@")[2]
                 ports[s] = stack.enter_context(sparkgate_at(tmp, ref) if ref else starters[s](tmp))
             rates = [float(r) for r in a.rates.split(",")]
-            levels = uvloop.run(run_levels(ports, rates, a.seconds, a.max_p99_ms, a.prompt_tokens))
+            levels = uvloop.run(run_levels(ports, rates, a.seconds, a.max_p99_ms, a.prompt_tokens, a.repeat))
         report(levels, servers, a.max_p99_ms, a)
 
 
