@@ -11,18 +11,25 @@ Three servers, each its own process on 127.0.0.1, each with one event loop:
 - litellm: LiteLLM's proxy (its own virtualenv, .cache/litellm-venv) on `mock_response`, its
   master key (virtual keys need a Postgres database) and the deployment's rpm/tpm limits.
 
+`sparkgate@REF` in --servers adds the gateway as of a git ref (exported with `git archive`):
+a change's before and after in one run.
+
 An open-loop client (raw HTTP/1.1 over keep-alive sockets, uvloop) sends chat completions
-(max_tokens 1) at fixed rates, streaming and not; each request's latency counts from when
-it was due, not when it was sent (no coordinated omission). Levels run in rounds, each rate
-for every server before the next rate, so drift in the machine's load hits all alike. A
-server sustains a rate when every request succeeds and p99 stays under --max-p99-ms; once it
-is saturated (errors, or even p50 over that), it runs no higher rate.
+(max_tokens 1; with --prompt-tokens, completions of an id prompt that long) at fixed rates,
+streaming and not; each request's latency counts from when it was due, not when it was sent
+(no coordinated omission). Each rate runs --repeat times for every server in turn, the order
+rotated, so drift in the machine's load hits all alike; the runs are pooled. Each server's
+CPU time per request comes from /proc. A server sustains a rate when every request succeeds
+and p99 stays under --max-p99-ms; once it is saturated (errors, or even p50 over that), it
+runs no higher rate.
 
-    python3 -m venv .cache/litellm-venv && .cache/litellm-venv/bin/pip install 'litellm[proxy]==1.108.7'
-    .venv/bin/python benchmarks/overhead.py [--rates 100,500,1000,2000] [--seconds 5]
+    python3 -m venv .cache/litellm-venv
+    .cache/litellm-venv/bin/pip install 'litellm[proxy]==1.108.7' py-spy
+    .venv/bin/python benchmarks/overhead.py [--servers floor,sparkgate,litellm] [--rates 10,25,...]
 
-`--profile N` instead runs sparkgate alone under py-spy (pip-installed into the same
-virtualenv) at --profile-rate for N requests, and prints where its CPU time goes per request.
+`--profile N` instead runs sparkgate alone under py-spy (from the same virtualenv; only the
+thread holding the GIL is sampled) at --profile-rate for N requests, and prints where its
+time goes per request.
 """
 
 from __future__ import annotations
