@@ -51,6 +51,9 @@ class SimEngineConfig:
     model: str  # key into engine_adapter.spark.MODELS
     tokenizer: str  # a local Hugging Face tokenizer directory
     speedup: float = 1.0  # simulated seconds per wall second
+    # Steps take no wall time: the clock is the simulator's own, and each step's tokens are out
+    # as soon as it is computed (the gateway's fixed cost alone, benchmarks/overhead.py).
+    instant: bool = False
     max_model_len: int = 262144
     max_num_seqs: int = 4
     max_num_batched_tokens: int = STEP_TOKENS
@@ -143,7 +146,10 @@ class SimulatedEngine:
     # -- facts ---------------------------------------------------------------------
 
     def clock(self) -> float:
-        """Simulated seconds since start: wall time scaled by the speedup."""
+        """Simulated seconds since start: wall time scaled by the speedup (instant: the
+        simulator's own time, which waits for nothing)."""
+        if self.config.instant:
+            return 0.0 if self._sim is None else self._sim.now
         return (time.monotonic() - self._t0) * self.config.speedup
 
     def _require(self) -> BoxSim:
@@ -205,7 +211,7 @@ class SimulatedEngine:
                 sim.advance_to(self.clock())
                 result = sim.step()
                 # Sleep until the engine clock reaches the step's end: tokens stream at the box's pace.
-                delay = (result.end - self.clock()) / self.config.speedup
+                delay = 0.0 if self.config.instant else (result.end - self.clock()) / self.config.speedup
                 if delay > 0:
                     await asyncio.sleep(delay)
                 else:

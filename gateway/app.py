@@ -87,6 +87,7 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             model=model.simulated.model,
             tokenizer=str(settings.model_path(model)),
             speedup=model.simulated.speedup,
+            instant=model.simulated.instant,
             max_model_len=model.max_model_len,
             max_num_seqs=model.max_num_seqs,
             max_num_batched_tokens=model.max_num_batched_tokens or STEP_TOKENS,

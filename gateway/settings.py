@@ -246,6 +246,7 @@ class SimulatedSettings(_Model):
 
     model: str  # a key of engine_adapter.spark.MODELS
     speedup: float = Field(1.0, gt=0)  # simulated seconds per wall-clock second
+    instant: bool = False  # steps take no wall time: an engine that answers at once
 
     @field_validator("model")
     @classmethod

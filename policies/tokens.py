@@ -23,9 +23,11 @@ class ChatTokenizer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """A rendered prompt: the text (for echo and debugging) and its ids."""
+    """A rendered prompt: its ids, and the text they were tokenized from (None for a prompt
+    given as ids: decoding thousands of them costs as much as the engine's own detokenizer,
+    so `text_of` does it only when echo asks)."""
 
-    text: str
+    text: str | None
     token_ids: tuple[int, ...]
 
     def __len__(self) -> int:
@@ -58,6 +60,13 @@ def encode_text(tokenizer: ChatTokenizer, text: str) -> Prompt:
     return Prompt(text=text, token_ids=tuple(tokenizer.encode(text, add_special_tokens=False)))
 
 
-def from_ids(tokenizer: ChatTokenizer, ids: Sequence[int]) -> Prompt:
-    """A prompt given as ids; the text is decoded for echo."""
-    return Prompt(text=tokenizer.decode(list(ids), skip_special_tokens=False), token_ids=tuple(ids))
+def from_ids(ids: Sequence[int]) -> Prompt:
+    """A prompt given as ids: its text is not decoded (see `text_of`)."""
+    return Prompt(text=None, token_ids=tuple(ids))
+
+
+def text_of(tokenizer: ChatTokenizer, prompt: Prompt) -> str:
+    """The prompt's text: as rendered, or decoded from its ids."""
+    if prompt.text is not None:
+        return prompt.text
+    return tokenizer.decode(list(prompt.token_ids), skip_special_tokens=False)

@@ -41,6 +41,12 @@ async def get_admin(request: Request, authorization: Annotated[str | None, Heade
     )
 
 
-State = Annotated[AppState, Depends(get_state)]
+async def _state(request: Request) -> AppState:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop (and a
+    # wait for the GIL) on every request for an attribute lookup.
+    return get_state(request)
+
+
+State = Annotated[AppState, Depends(_state)]
 Caller = Annotated[Principal, Depends(get_principal)]
 Admin = Annotated[str, Depends(get_admin)]

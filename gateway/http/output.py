@@ -19,6 +19,7 @@ from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, tool_cal
 from gateway.lifecycle.job import Job
 from gateway.text import assistant
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
+from policies import tokens
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class _Accounting:
         self.prompt_logprobs: list[tuple[Any, ...] | None] = [None] * len(job.prompts)
         self.usage = Usage(prompt_tokens=sum(len(p) for p in job.prompts))
         self._token_texts: dict[int, list[str]] = {}
+        self._texts: dict[int, str] = {}
 
     def observe(self, prompt_index: int, chunk: EngineChunk) -> None:
         self.cached[prompt_index] = max(self.cached[prompt_index], chunk.num_cached_tokens)
@@ -53,7 +55,9 @@ class _Accounting:
         if self.job.logprobs is not None:
             lps = self.prompt_logprobs[prompt_index] or (None,) * len(prompt)
             lp.add(list(lps), self._prompt_token_texts(prompt_index))
-        return prompt.text
+        if prompt_index not in self._texts:  # an id prompt is decoded here, once, and only for echo
+            self._texts[prompt_index] = tokens.text_of(self.job.served.tokenizer, prompt)
+        return self._texts[prompt_index]
 
     def _prompt_token_texts(self, prompt_index: int) -> list[str]:
         """Each prompt token as text, decoded once per prompt (not once per choice)."""

@@ -213,7 +213,10 @@ class Running:
         self._left_counted = False  # its client's leaving is in counters.client_disconnects
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
-        log.info(
+        # Debug, not info: the request log's line (`sparkgate.request`) says the same when the
+        # request ends, and each line at info costs the event loop ~0.3 ms a request on 2 loaded
+        # cores (py-spy, BENCHMARKS.md "Fixed cost per request").
+        log.debug(
             "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
             job.id,
             job.served.name,

@@ -47,6 +47,12 @@ def test_token_id_prompt(client: openai.OpenAI, hf_tokenizer) -> None:  # type: 
     assert r.choices[0].text == text.choices[0].text
 
 
+def test_echo_of_a_token_id_prompt(client: openai.OpenAI, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    ids = hf_tokenizer.encode("ids echoed as text", add_special_tokens=False)
+    r = client.completions.create(model=DENSE, prompt=ids, max_tokens=2, echo=True, temperature=0)
+    assert r.choices[0].text.startswith("ids echoed as text")  # decoded for the echo only
+
+
 def test_echo_with_logprobs(client: openai.OpenAI, hf_tokenizer) -> None:  # type: ignore[no-untyped-def]
     prompt = "Echo this prompt back"
     r = client.completions.create(model=DENSE, prompt=prompt, max_tokens=4, echo=True, logprobs=2, temperature=0)

@@ -97,6 +97,19 @@ async def test_tokens_arrive_at_the_boxs_pace() -> None:
     assert clock_elapsed < box_elapsed + 1.5  # a loaded host may lag, but not by much
 
 
+async def test_instant_mode_waits_for_nothing_and_keeps_the_outputs(engine: SimulatedEngine) -> None:
+    """Instant: the same steps and tokens, on the simulator's own clock (no step is slept)."""
+    eng = SimulatedEngine(dataclasses.replace(engine.config, name="instant", instant=True))
+    await eng.start()
+    try:
+        chunks = await collect(eng, request("i", words(2048, 3), 200))
+        assert eng.clock() == eng.sim.now > 1.2  # the box's seconds, not the wall's
+    finally:
+        await eng.shutdown()
+    paced = await collect(engine, request("p", words(2048, 3), 200))
+    assert [c.choices[0].token_ids for c in chunks] == [c.choices[0].token_ids for c in paced]
+
+
 async def test_cached_tokens_on_a_repeat(engine: SimulatedEngine) -> None:
     p = words(1000, 5)
     first = await collect(engine, request("c1", p, 2))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.tokens import encode_text, from_ids, render_chat
+from policies.tokens import encode_text, from_ids, render_chat, text_of
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen3"
 
@@ -37,7 +37,10 @@ def test_tools_render_into_the_system_turn(tok) -> None:  # type: ignore[no-unty
 
 def test_text_and_ids_round_trip(tok) -> None:  # type: ignore[no-untyped-def]
     p = encode_text(tok, "héllo wörld 你好")
-    assert from_ids(tok, p.token_ids).text == "héllo wörld 你好"
+    assert text_of(tok, p) == p.text == "héllo wörld 你好"
+    ids = from_ids(p.token_ids)
+    assert ids.text is None and ids.token_ids == p.token_ids  # not decoded until asked
+    assert text_of(tok, ids) == "héllo wörld 你好"
     assert tok.decode(list(p.token_ids)) == "héllo wörld 你好"
 
 
