@@ -53,7 +53,10 @@ def config(tmp: Path, port: int) -> Path:
                 "replay": {"token_delay_s": 0.03},
             }
         ],
-        "admission": {"max_queued": 2},
+        # The counts below follow plain round-robin admission: with fair share a user who just
+        # finished (bob) is owed a slot for idle_s, so alice's second stream would queue.
+        # Fair share has its own tests (tests/api/test_fair_share.py).
+        "admission": {"max_queued": 2, "fair_share": {"enabled": False}},
         "metrics": {"max_users": 3},
     }
     path = tmp / "metrics.yaml"
