@@ -1,6 +1,5 @@
-"""`sparkgate serve` as a child process, for the benchmark scripts (the tests have their own
-in tests/conftest.py): started on a free port, waited for until /ready, stopped with SIGINT
-(a drain: requests still running may finish) and, after 30 s, SIGKILL."""
+"""Servers as child processes for the benchmark scripts (the tests have their own launcher in
+tests/conftest.py): `child` for any server, `launch` for `sparkgate serve` on a config."""
 
 from __future__ import annotations
 
@@ -31,37 +30,42 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def launch(config: Path, log_path: Path, port: int, *, startup_timeout_s: float = 420) -> Iterator[Gateway]:
-    """`sparkgate serve --config` until the block exits."""
+def child(
+    args: list[str],
+    log_path: Path,
+    ready: str | bytes,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    startup_timeout_s: float = 420,
+) -> Iterator[int]:
+    """A server process until the block exits; its pid once `ready` holds: a URL that answers
+    200, or bytes that appear in its log. Stopped with SIGINT (a drain: requests still running
+    may finish) and, after 30 s, SIGKILL, with its whole process group."""
     import httpx
 
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            # Its own process group (to stop it and its engine processes together) but not its own
-            # session: a new session is a new scheduler autogroup, and on this kernel (EEVDF,
-            # autogroup on) an engine spinning in another autogroup stalls this process's timers
-            # and reads for seconds.
-            process_group=0,
-        )
-        base = f"http://127.0.0.1:{port}"
+        # Its own process group (to stop it and its engine processes together) but not its own
+        # session: a new session is a new scheduler autogroup, and on this kernel (EEVDF,
+        # autogroup on) an engine spinning in another autogroup stalls this process's timers
+        # and reads for seconds.
+        proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
         try:
             deadline = time.monotonic() + startup_timeout_s
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"gateway exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    raise RuntimeError(f"{args[:4]} exited with {proc.returncode}:\n{log_path.read_text()[-5000:]}")
+                if isinstance(ready, bytes):
+                    if ready in log_path.read_bytes():
                         break
+                else:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if httpx.get(ready, timeout=2).status_code == 200:
+                            break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"gateway did not start in {startup_timeout_s}s:\n{log_path.read_text()[-5000:]}"
-                    )
-                time.sleep(0.5)
-            yield Gateway(base, proc.pid)
+                    raise RuntimeError(f"{args[:4]} not ready in {startup_timeout_s}s:\n{log_path.read_text()[-5000:]}")
+                time.sleep(0.05 if isinstance(ready, bytes) else 0.5)
+            yield proc.pid
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
@@ -71,3 +75,12 @@ def launch(config: Path, log_path: Path, port: int, *, startup_timeout_s: float 
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@contextlib.contextmanager
+def launch(config: Path, log_path: Path, port: int, *, startup_timeout_s: float = 420) -> Iterator[Gateway]:
+    """`sparkgate serve --config` until the block exits."""
+    base = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
+    with child(args, log_path, f"{base}/ready", startup_timeout_s=startup_timeout_s) as pid:
+        yield Gateway(base, pid)

@@ -40,7 +40,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_process import ROOT, free_port, launch
+from gateway_process import ROOT, child, free_port, launch
 
 KEY = "sk-bench-overhead"
 LITELLM_VENV = ROOT / ".cache" / "litellm-venv"
@@ -133,46 +132,6 @@ litellm_settings:
 # -- servers -------------------------------------------------------------------------------
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready in {timeout_s}s:\n{log.read_text()[-3000:]}")
-
-
-@contextlib.contextmanager
-def _process(
-    args: list[str], log: Path, ready_url: str | None, env: dict[str, str] | None = None, cwd: Path = ROOT
-) -> Iterator[int]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
-        try:
-            if ready_url is None:  # the floor server prints "ready"
-                while b"ready" not in log.read_bytes():
-                    if proc.poll() is not None:
-                        raise RuntimeError(log.read_text())
-                    time.sleep(0.05)
-            else:
-                _wait_ready(proc, ready_url, log, 300)
-            yield proc.pid
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 def cpu_s(pid: int) -> float:
     """The process's CPU time so far (user + system, every thread)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -186,7 +145,9 @@ def child_pid(pid: int) -> int:
 @contextlib.contextmanager
 def floor_server(tmp: Path) -> Iterator[tuple[int, int]]:
     port = free_port()
-    with _process([sys.executable, "-c", FLOOR_SERVER, str(port)], tmp / "floor.log", None) as pid:
+    with child(
+        [sys.executable, "-c", FLOOR_SERVER, str(port)], tmp / "floor.log", b"ready"
+    ) as pid:  # it prints "ready"
         yield port, pid
 
 
@@ -210,7 +171,9 @@ def sparkgate_at(tmp: Path, ref: str) -> Iterator[tuple[int, int]]:
     config = tmp / f"sparkgate-{ref.replace('/', '_')}.yaml"
     config.write_text(sparkgate_config(port))
     args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    with _process(args, tmp / f"{config.stem}.log", f"http://127.0.0.1:{port}/ready", cwd=tree) as pid:
+    with child(
+        args, tmp / f"{config.stem}.log", f"http://127.0.0.1:{port}/ready", cwd=tree, startup_timeout_s=300
+    ) as pid:
         yield port, pid
 
 
@@ -225,7 +188,8 @@ def litellm_server(tmp: Path) -> Iterator[tuple[int, int]]:
     # The bundled model-cost map: this machine reaches no GitHub.
     env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
     args = [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    with _process(args, tmp / "litellm.log", f"http://127.0.0.1:{port}/health/liveliness", env) as pid:
+    url = f"http://127.0.0.1:{port}/health/liveliness"
+    with child(args, tmp / "litellm.log", url, env=env, startup_timeout_s=300) as pid:
         yield port, pid
 
 
@@ -542,7 +506,7 @@ def profile(tmp: Path, requests: int, rate: float, stream: bool, prompt_tokens: 
     # without it a thread blocked in epoll or on a lock counts as busy).
     args = [str(spy), "record", "--gil", "-r", str(sample_hz), "-f", "raw", "-o", str(raw), "--"]
     args += [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    with _process(args, tmp / "profile.log", f"http://127.0.0.1:{port}/ready") as spy_pid:
+    with child(args, tmp / "profile.log", f"http://127.0.0.1:{port}/ready", startup_timeout_s=300) as spy_pid:
         import uvloop
 
         level = uvloop.run(

@@ -48,10 +48,7 @@ import contextlib
 import hashlib
 import json
 import math
-import random
-import signal
 import statistics
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -62,7 +59,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.gateway_process import free_port, launch
+from benchmarks.gateway_process import child, free_port, launch
+from benchmarks.overload import poisson_arrivals
 from gateway import runtime_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,38 +132,6 @@ def sparkgate_config(
 # -- processes ------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def child(args: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    """A server process (own process group) until the block exits; its pid once `ready_url` answers 200."""
-    import httpx
-
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{args[:3]} exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(ready_url, timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{ready_url} not ready in {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}"
-                    )
-                time.sleep(0.5)
-            yield proc.pid
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
 def vllm_server(model: dict[str, Any], port: int, tmp: Path) -> contextlib.AbstractContextManager[tuple[int, int]]:
     from gateway.settings import ModelSettings
 
@@ -205,7 +171,9 @@ def vllm_server(model: dict[str, Any], port: int, tmp: Path) -> contextlib.Abstr
     @contextlib.contextmanager
     def run() -> Iterator[tuple[int, int]]:
         log(f"vllm: starting its OpenAI server on :{port}")
-        with child(args, tmp / "vllm.log", f"http://127.0.0.1:{port}/health", env) as pid:
+        with child(
+            args, tmp / "vllm.log", f"http://127.0.0.1:{port}/health", env=env, startup_timeout_s=STARTUP_TIMEOUT_S
+        ) as pid:
             yield port, pid
 
     return run()
@@ -239,7 +207,8 @@ def litellm_server(name: str, vllm_port: int, tmp: Path) -> Iterator[tuple[int, 
     env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR"}
     args = [str(binary), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
     log(f"litellm: starting its proxy on :{port} in front of :{vllm_port}")
-    with child(args, tmp / "litellm.log", f"http://127.0.0.1:{port}/health/liveliness", env) as pid:
+    url = f"http://127.0.0.1:{port}/health/liveliness"
+    with child(args, tmp / "litellm.log", url, env=env, startup_timeout_s=STARTUP_TIMEOUT_S) as pid:
         yield port, pid
 
 
@@ -620,16 +589,6 @@ class Slo:
         )
 
 
-def arrivals(rate: float, window_s: float, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    out: list[float] = []
-    t = rng.expovariate(rate)
-    while t < window_s:
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
-
-
 @dataclass
 class OverloadRun:
     system: str
@@ -660,8 +619,8 @@ async def open_loop(t: Target, plan: list[tuple[float, str]], window_s: float, p
 
 async def overload(targets: Sequence[Target], capacity: float, window_s: float) -> list[OverloadRun]:
     light_rate, heavy_rate = 4 * capacity / 16, 4 * capacity * 15 / 16
-    light = [(a, "light") for a in arrivals(light_rate, window_s, SEED)]
-    heavy = [(a, "heavy") for a in arrivals(heavy_rate, window_s, SEED + 1)]
+    light = [(a, "light") for a in poisson_arrivals(light_rate, window_s, SEED)]
+    heavy = [(a, "heavy") for a in poisson_arrivals(heavy_rate, window_s, SEED + 1)]
     mixed = sorted(light + heavy)
     runs = []
     for t in targets:
