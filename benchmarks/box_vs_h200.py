@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.sim_vs_measured import round_times
 from engine_adapter.spark import MODELS, BoxSim, BoxSpec, ModelSpec, Serving, SimConfig
 from gateway.settings import load_box
 
@@ -153,19 +154,7 @@ def simulate(box: BoxSpec, serving: Serving, run: Run, output_tokens: int = OUTP
         kv_cache_bytes=run.kv_cache_bytes or int(box.memory_bytes * UTILIZATION - weights),
         serving=serving,
     )
-    sim = BoxSim(model, box, config)
-    for i in range(run.concurrency):
-        prompt = [(i * 7_919 + j) % 200_000 + 10 for j in range(run.input_tokens)]
-        prompt[0] = 1_000_000 + i  # distinct from the first block on: no prefix-cache hits
-        sim.submit(f"r{i}", prompt, output_tokens, arrival_time=0.0)
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for res in sim.run_until_idle():
-        for e in res.events:
-            if e.first_token:
-                first[e.request_id] = res.end
-            if e.finished:
-                last[e.request_id] = res.end
+    first, last = round_times(BoxSim(model, box, config), run.concurrency, run.input_tokens, output_tokens)
     ttft = statistics.median(first.values())
     decode = statistics.fmean((output_tokens - 1) / (last[r] - first[r]) for r in first)
     total = run.concurrency * output_tokens / max(last.values())

@@ -57,9 +57,11 @@ def read_rows(path: Path = DATA) -> list[Row]:
     return rows
 
 
-def simulate(model: str, input_tokens: int, concurrency: int, output_tokens: int = OUTPUT_TOKENS) -> Prediction:
-    """One round: `concurrency` distinct prompts submitted at t=0, run to completion."""
-    sim = BoxSim(MODELS[model], DGX_SPARK, SimConfig(max_model_len=262144))
+def round_times(
+    sim: BoxSim, concurrency: int, input_tokens: int, output_tokens: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`concurrency` distinct prompts submitted at t=0 and run to completion: each request's
+    first-token and finish times on the box's clock."""
     for i in range(concurrency):
         prompt = [(i * 7_919 + j) % 200_000 + 10 for j in range(input_tokens)]
         prompt[0] = 1_000_000 + i  # distinct from the first block on: no prefix-cache hits
@@ -72,6 +74,13 @@ def simulate(model: str, input_tokens: int, concurrency: int, output_tokens: int
                 first[e.request_id] = res.end
             if e.finished:
                 last[e.request_id] = res.end
+    return first, last
+
+
+def simulate(model: str, input_tokens: int, concurrency: int, output_tokens: int = OUTPUT_TOKENS) -> Prediction:
+    """One round: `concurrency` distinct prompts submitted at t=0, run to completion."""
+    sim = BoxSim(MODELS[model], DGX_SPARK, SimConfig(max_model_len=262144))
+    first, last = round_times(sim, concurrency, input_tokens, output_tokens)
     # The measurements were taken through vLLM's HTTP frontend: its latency delays every
     # request's first token (and so the round) but not the token stream after it.
     lag = DGX_SPARK.frontend_latency_s
