@@ -153,6 +153,7 @@ def summarize(reqs: list[dict[str, Any]], walls: list[float], tokens: list[int])
         "requests": len(reqs),
         "output_tokens": sum(tokens),
         "wall_s": [round(w, 3) for w in walls],
+        "ttft_ms": [round(1000 * t, 1) for t in ttfts],  # every request's, sorted: p50s of a few are noisy
     }
 
 
@@ -569,13 +570,14 @@ def run_part(a: argparse.Namespace) -> int:
 def gateway_ttfts(rows: list[dict[str, Any]], log: str) -> None:
     """Each sparkgate row gets the gateway's own TTFT p50 from its request log (`ttft_ms`: from its
     outermost middleware to the engine's first output), matched by the case's x-request-id."""
-    got: dict[tuple[int, int], list[float]] = {}
+    got: dict[tuple[int, int], list[float]] = {}  # (prompt, concurrency) -> ttft_ms
     for m in re.finditer(r"request_id=sparkgate-(\d+)-(\d+)-(\d+)-\d+ .*? ttft_ms=([\d.]+)", log):
         if m[3] != "99":  # the profiled batches
             got.setdefault((int(m[1]), int(m[2])), []).append(float(m[4]))
     for r in rows:
         if r["path"] == "sparkgate" and (xs := got.get((r["prompt_len"], r["concurrency"]))):
             r["gateway_ttft_p50_ms"] = round(statistics.median(xs), 2)
+            r["gateway_ttft_mean_ms"] = round(statistics.fmean(xs), 2)
 
 
 async def profile(dest: Path, pid: int, case: Any) -> None:
@@ -597,10 +599,12 @@ async def profile(dest: Path, pid: int, case: Any) -> None:
 # --------------------------------------------------------------------------- table
 
 
-def table(parts: list[dict[str, Any]]) -> str:
+def table(parts: list[dict[str, Any]], stat: str = "p50") -> str:
     """One row per shape, prompt and concurrency: output tok/s as a ratio to direct, TTFT p50 added
     to direct's (ms), and each path's decode rate per stream; with the HTTP floor, sparkgate's TTFT
-    p50 minus the floor's; with the gateway's request log, its own TTFT p50 minus direct's."""
+    p50 minus the floor's; with the gateway's request log, its own TTFT p50 minus direct's.
+    `stat` "mean" compares mean TTFTs instead (the direct TTFT column then holds direct's mean)."""
+    ttft, gw = f"ttft_{stat}_ms", f"gateway_ttft_{stat}_ms"
     rows = [r for p in parts for r in p["runs"]]
     cases = sorted({(r["shape"], r["prompt_len"], r["concurrency"]) for r in rows})
     order = ("direct", "adapter", "sparkgate", "http_floor", "vllm_server")
@@ -608,8 +612,8 @@ def table(parts: list[dict[str, Any]]) -> str:
     by = {(r["shape"], r["prompt_len"], r["concurrency"], r["path"]): r for r in rows}
     others = [p for p in paths if p != "direct"]
     floor = "http_floor" in paths and "sparkgate" in paths
-    logged = any("gateway_ttft_p50_ms" in r for r in rows)
-    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], "direct TTFT p50 ms"]
+    logged = any(gw in r for r in rows)
+    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], f"direct TTFT {stat} ms"]
     head += [f"{p} +ms" for p in others]
     head += ["sparkgate - floor ms"] * floor + ["gateway log TTFT - direct ms"] * logged
     head += ["decode tok/s/stream " + " / ".join(paths)]
@@ -620,16 +624,16 @@ def table(parts: list[dict[str, Any]]) -> str:
         for p in others:
             r = by.get((shape, length, conc, p))
             cells.append(f"{r['output_tok_s'] / d['output_tok_s']:.3f}" if r and d else "-")
-        cells.append(f"{d['ttft_p50_ms']:.1f}" if d else "-")
+        cells.append(f"{d[ttft]:.1f}" if d else "-")
         for p in others:
             r = by.get((shape, length, conc, p))
-            cells.append(f"{r['ttft_p50_ms'] - d['ttft_p50_ms']:+.1f}" if r and d else "-")
+            cells.append(f"{r[ttft] - d[ttft]:+.1f}" if r and d else "-")
         g, f = by.get((shape, length, conc, "sparkgate")), by.get((shape, length, conc, "http_floor"))
         if floor:
-            cells.append(f"{g['ttft_p50_ms'] - f['ttft_p50_ms']:+.1f}" if g and f else "-")
+            cells.append(f"{g[ttft] - f[ttft]:+.1f}" if g and f else "-")
         if logged:
-            gl = g.get("gateway_ttft_p50_ms") if g else None
-            cells.append(f"{gl - d['ttft_p50_ms']:+.1f}" if gl is not None and d else "-")
+            gl = g.get(gw) if g else None
+            cells.append(f"{gl - d[ttft]:+.1f}" if gl is not None and d else "-")
         decode = [by.get((shape, length, conc, p), {}).get("decode_tok_s_per_stream") for p in paths]
         cells.append(" / ".join("-" if x is None else f"{x:.1f}" for x in decode))
         out.append("| " + " | ".join(cells) + " |")
@@ -655,9 +659,10 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--budget", type=float, default=0, help="seconds from start after which cases are skipped")
     ap.add_argument("--table", nargs="+", type=Path, help="merge these result files and print the table")
+    ap.add_argument("--stat", choices=["p50", "mean"], default="p50", help="the table's TTFT statistic")
     a = ap.parse_args()
     if a.table:
-        print(table([json.loads(p.read_text()) for p in a.table]))
+        print(table([json.loads(p.read_text()) for p in a.table], a.stat))
         return 0
     if a.out is None:
         ap.error("OUT is required")
