@@ -10,6 +10,10 @@ output tokens (`ignore_eos`), greedy:
   benchmark-only route triggers it, so both share one engine and one process);
 - adapter: the same through `VllmLocalEngine.generate` (sparkgate's engine adapter, no HTTP);
 - sparkgate: `POST /v1/completions` (streaming, a key checked) from a client in another process;
+- http_floor: the same body to a bare Starlette app served by uvicorn on the gateway's own event
+  loop and engine (another port): `json.loads`, `AsyncLLM.generate`, one SSE event per output,
+  no gateway logic. sparkgate's TTFT minus its TTFT is the gateway's own work; its TTFT minus
+  direct's is the HTTP transport's and the client's floor;
 - vllm_server: `python3 -m vllm.entrypoints.openai.api_server` with the same engine settings,
   started after the gateway has stopped (one engine on the GPU at a time).
 
@@ -20,7 +24,9 @@ output tokens (`ignore_eos`), greedy:
 Each part writes OUT/side_by_side_SHAPE_PART.json after every case (a part cut short keeps what
 it measured). `--table` merges parts and prints output tok/s and TTFT as ratios to direct.
 `--profile` adds one more sparkgate case (2K, c=8) under py-spy (`--nonblocking`), written as
-collapsed stacks to OUT/pyspy_SHAPE.txt.
+collapsed stacks to OUT/pyspy_SHAPE.txt. HTTP requests carry an `x-request-id` naming their case, so
+the gateway's request log gives its own TTFT (from its outermost middleware to the engine's first
+output) per case: the sparkgate rows' `gateway_ttft_p50_ms`.
 
 The model dirs hold the Qwen3 tokenizer (the Qwen3.6 one is not here), so `vocab_size` is set to
 its 151,936 ids: every sampled id then decodes, on every path alike (the head is 4% of the
@@ -31,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import lzma
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -42,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +60,7 @@ SHAPES = Path(__file__).resolve().parent / "shapes"
 API_KEY = "sk-side-by-side"
 MODEL = "bench"
 VOCAB = 151_936  # the Qwen3 tokenizer's (see the module docstring)
-MAX_TOKENS = 256
+MAX_TOKENS = 256  # --max-tokens overrides (TTFT does not depend on it; output tok/s does)
 KV_BYTES = 16 * 1024**3
 # name -> (config file, long_prefill_token_threshold = one FP8 hybrid block, as config/dgx-spark.yaml)
 SHAPE_FILES = {
@@ -144,20 +153,21 @@ def summarize(reqs: list[dict[str, Any]], walls: list[float], tokens: list[int])
         "requests": len(reqs),
         "output_tokens": sum(tokens),
         "wall_s": [round(w, 3) for w in walls],
+        "ttft_ms": [round(1000 * t, 1) for t in ttfts],  # every request's, sorted: p50s of a few are noisy
     }
 
 
 # --------------------------------------------------------------------------- in the gateway process
 
 
-async def direct_request(llm: Any, ids: list[int], rid: str) -> dict[str, Any]:
+async def direct_request(llm: Any, ids: list[int], rid: str, max_tokens: int) -> dict[str, Any]:
     """One request on AsyncLLM, with the sampling parameters the adapter builds for it."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
     params = SamplingParams(
-        max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
     t0 = time.perf_counter()
     first = None
@@ -170,14 +180,14 @@ async def direct_request(llm: Any, ids: list[int], rid: str) -> dict[str, Any]:
     return finish(t0, first, time.perf_counter(), n)
 
 
-async def adapter_request(engine: Any, ids: list[int], rid: str) -> dict[str, Any]:
+async def adapter_request(engine: Any, ids: list[int], rid: str, max_tokens: int) -> dict[str, Any]:
     """One request through sparkgate's engine adapter (VllmLocalEngine.generate)."""
     from engine_adapter.base import EngineRequest, SamplingOptions
 
     req = EngineRequest(
         request_id=rid,
         prompt_token_ids=tuple(ids),
-        sampling=SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
+        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
     t0 = time.perf_counter()
     first = None
@@ -199,9 +209,48 @@ def finish(t0: float, first: float | None, end: float, n: int) -> dict[str, Any]
     }
 
 
+def floor_app(engines: list[Any]) -> Any:
+    """The HTTP floor: the completions body in, `AsyncLLM.generate` on the gateway's engine, one SSE
+    event per output (the text vLLM detokenized, as the gateway sends), usage, [DONE]. No auth,
+    validation, admission, metrics or request log: what any HTTP server on this stack pays."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    async def completions(request: Request) -> StreamingResponse:
+        body = json.loads(await request.body())
+        ids = body["prompt"]
+        params = SamplingParams(
+            max_tokens=body["max_tokens"], temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
+        rid = f"{request.headers.get('x-request-id', 'floor')}-{uuid.uuid4().hex[:8]}"
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body["model"]}
+
+        async def events() -> Any:
+            n = 0
+            async for out in engines[-1]._llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
+                for o in out.outputs:
+                    n += len(o.token_ids)
+                    choice = {"index": 0, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason}
+                    yield f"data: {json.dumps(head | {'choices': [choice]})}\n\n"
+            usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+            yield f"data: {json.dumps(head | {'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
 def serve_gateway(settings_path: str) -> None:
-    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/run for the in-process paths."""
+    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/run for the in-process paths
+    and POST /bench/floor, which starts the HTTP floor on the same loop and engine."""
     sys.path.insert(0, str(ROOT))
+    import uvicorn
     from fastapi import Body
 
     from gateway import cli
@@ -222,13 +271,34 @@ def serve_gateway(settings_path: str) -> None:
         run = direct_request if path == "direct" else adapter_request
         target = engine._llm if path == "direct" else engine
         ids = [prompt(path, length, conc, rep, i) for i in range(conc)]
+        n = body["max_tokens"]
         t0 = time.perf_counter()
-        reqs = await asyncio.gather(*(run(target, p, f"{path}-{length}-{conc}-{rep}-{i}") for i, p in enumerate(ids)))
+        reqs = await asyncio.gather(
+            *(run(target, p, f"{path}-{length}-{conc}-{rep}-{i}", n) for i, p in enumerate(ids))
+        )
         return {"wall_s": time.perf_counter() - t0, "requests": list(reqs)}
+
+    class FloorServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield  # the gateway's server owns SIGTERM; this one ends with its loop
+
+    floors: list[Any] = []
+
+    async def bench_floor(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        if not floors:
+            # log_config None: leave the gateway's logging as it configured it
+            config = uvicorn.Config(floor_app(engines), host="127.0.0.1", port=body["port"], log_config=None)
+            server = FloorServer(config)
+            floors.append(asyncio.get_running_loop().create_task(server.serve()))
+            while not server.started:
+                await asyncio.sleep(0.05)
+        return {"ok": True}
 
     def app_factory(s: Settings, drain: Any) -> Any:
         app = create_app(s, engine_factory=factory, drain=drain)
         app.add_api_route("/bench/run", bench_run, methods=["POST"])
+        app.add_api_route("/bench/floor", bench_floor, methods=["POST"])
         return app
 
     cli._run(settings, app_factory, None, None)
@@ -237,7 +307,9 @@ def serve_gateway(settings_path: str) -> None:
 # --------------------------------------------------------------------------- HTTP client (driver)
 
 
-async def http_post(port: int, path: str, body: dict[str, Any], key: str | None, stream: bool) -> Any:
+async def http_post(
+    port: int, path: str, body: dict[str, Any], key: str | None, stream: bool, rid: str | None = None
+) -> Any:
     """A minimal HTTP/1.1 client (the same for both servers, and cheap): returns the JSON body, or,
     for a stream, the request's TTFT (first event with text), tokens and decode rate."""
     payload = json.dumps(body).encode()
@@ -245,6 +317,8 @@ async def http_post(port: int, path: str, body: dict[str, Any], key: str | None,
     head += f"Content-Length: {len(payload)}\r\nConnection: close\r\n"
     if key:
         head += f"Authorization: Bearer {key}\r\n"
+    if rid:
+        head += f"X-Request-Id: {rid}\r\n"
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(head.encode() + b"\r\n" + payload)
@@ -298,12 +372,14 @@ async def http_post(port: int, path: str, body: dict[str, Any], key: str | None,
         writer.close()
 
 
-async def http_case(port: int, key: str, path: str, length: int, conc: int, rep: int) -> dict[str, Any]:
+async def http_case(
+    port: int, key: str, path: str, length: int, conc: int, rep: int, max_tokens: int
+) -> dict[str, Any]:
     def body(i: int) -> dict[str, Any]:
         return {
             "model": MODEL,
             "prompt": prompt(path, length, conc, rep, i),
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "temperature": 0.0,
             "ignore_eos": True,
             "stream": True,
@@ -312,7 +388,10 @@ async def http_case(port: int, key: str, path: str, length: int, conc: int, rep:
 
     bodies = [body(i) for i in range(conc)]  # built before the clock starts
     t0 = time.perf_counter()
-    reqs = await asyncio.gather(*(http_post(port, "/v1/completions", b, key, True) for b in bodies))
+    rids = [f"{path}-{length}-{conc}-{rep}-{i}" for i in range(conc)]  # the gateway's log names the case
+    reqs = await asyncio.gather(
+        *(http_post(port, "/v1/completions", b, key, True, r) for b, r in zip(bodies, rids, strict=True))
+    )
     return {"wall_s": time.perf_counter() - t0, "requests": list(reqs)}
 
 
@@ -342,7 +421,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def start_gateway(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+def start_gateway(shape: str, work: Path, logs: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     from gateway.settings import hash_key
 
     port = free_port()
@@ -361,14 +440,14 @@ def start_gateway(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], int,
     }
     sp = work / f"gateway_{shape}.json"
     sp.write_text(json.dumps(settings))
-    log = work / f"gateway_{shape}.log"
+    log = logs / f"gateway_{shape}.log"
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve-gateway", str(sp)], stdout=log.open("wb"), stderr=subprocess.STDOUT
     )
     return proc, port, log
 
 
-def start_vllm_server(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+def start_vllm_server(shape: str, logs: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
     port = free_port()
     es = engine_settings(shape)
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir(shape))]
@@ -381,7 +460,7 @@ def start_vllm_server(shape: str, work: Path) -> tuple[subprocess.Popen[bytes], 
             args += [flag, str(v)]
     if shape != "cpu-tiny":  # what sparkgate's adapter sets: the same config hash, so the compile cache is reused
         args += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
-    log = work / f"vllm_server_{shape}.log"
+    log = logs / f"vllm_server_{shape}.log"
     proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     return proc, port, log
 
@@ -398,7 +477,7 @@ def run_part(a: argparse.Namespace) -> int:
         "shape": shape,
         "part": a.part,
         "engine": engine_settings(shape) | {"vocab_size": VOCAB},
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": a.max_tokens,
         "runs": [],
     }
     try:
@@ -409,34 +488,40 @@ def run_part(a: argparse.Namespace) -> int:
         result["gpu"] = torch.cuda.get_device_name(0)
     except Exception as e:  # the CPU dry run
         result["versions_error"] = repr(e)
-    dest = a.out / f"side_by_side_{shape}_{a.part}.json"
+    dest = a.out / f"side_by_side_{shape}_{a.part}{'_' + a.tag if a.tag else ''}.json"
 
     def save() -> None:
         dest.write_text(json.dumps(result, indent=1))
 
     lens = [int(x) for x in a.lens.split(",")]
-    reps = REPS | {int(k): int(v) for k, v in (x.split(":") for x in a.reps.split(",") if x)}
+    # "LEN:N" for every concurrency at that length, "LENxCONC:N" for one case
+    reps: dict[str, int] = {str(k): v for k, v in REPS.items()}
+    reps |= {k: int(v) for k, v in (x.split(":") for x in a.reps.split(",") if x)}
     concs = [int(x) for x in a.conc.split(",")]
     if a.part == "gateway":
-        proc, port, log = start_gateway(shape, work)
-        paths = ["direct", "sparkgate"] + (["adapter"] if a.adapter else [])
+        proc, port, log = start_gateway(shape, work, a.out)  # the log straight to OUT: kept if cut short
+        paths = ["direct", "sparkgate", "http_floor"] + (["adapter"] if a.adapter else [])
     else:
-        proc, port, log = start_vllm_server(shape, work)
+        proc, port, log = start_vllm_server(shape, a.out)
         paths = ["vllm_server"]
     try:
         result["startup_s"] = round(wait_health(port, proc, log, a.start_timeout), 1)
         print(f"[{shape}/{a.part}] healthy after {result['startup_s']} s", flush=True)
         save()
+        floor_port = free_port()
 
         async def one(path: str, length: int, conc: int, rep: int) -> dict[str, Any]:
             if path in ("direct", "adapter"):
-                body = {"path": path, "length": length, "conc": conc, "rep": rep}
+                body = {"path": path, "length": length, "conc": conc, "rep": rep, "max_tokens": a.max_tokens}
                 return dict(await http_post(port, "/bench/run", body, API_KEY, False))
-            return await http_case(port, API_KEY, path, length, conc, rep)
+            to = floor_port if path == "http_floor" else port
+            return await http_case(to, API_KEY, path, length, conc, rep, a.max_tokens)
 
         async def drive() -> None:
+            if "http_floor" in paths:
+                await http_post(port, "/bench/floor", {"port": floor_port}, API_KEY, False)
             t = time.monotonic()
-            longest = min(8192, result["engine"]["max_model_len"] - MAX_TOKENS - 8)
+            longest = min(8192, result["engine"]["max_model_len"] - a.max_tokens - 8)
             for path in paths:  # warm-up: every path's code and the prefill/decode kernels at c=8
                 # every concurrency once: a new batch shape may compile or tune kernels on first use
                 # (the 35B-A3B's fused MoE has no tuned table for the H200), which must not land on one path
@@ -444,6 +529,8 @@ def run_part(a: argparse.Namespace) -> int:
                     await one(path if path != "adapter" else "direct", length, conc, -1)
             result["warmup_s"] = round(time.monotonic() - t, 1)
             print(f"[{shape}/{a.part}] warm-up {result['warmup_s']} s", flush=True)
+            if a.profile and a.part == "gateway":  # first, so a run cut short by its time limit still has it
+                await profile(a.out / f"pyspy_{shape}.txt", proc.pid, lambda: one("sparkgate", 2048, 8, 99))
             for length in lens:
                 for conc in concs:
                     if a.budget and time.monotonic() - started > a.budget:
@@ -453,7 +540,7 @@ def run_part(a: argparse.Namespace) -> int:
                     got: dict[str, tuple[list[dict[str, Any]], list[float], list[int]]] = {
                         p: ([], [], []) for p in paths
                     }
-                    for rep in range(reps.get(length, 1)):
+                    for rep in range(reps.get(f"{length}x{conc}", reps.get(str(length), 1))):
                         for path in paths:  # interleaved, so drift hits every path alike
                             if path == "adapter" and length not in a.adapter_lens:
                                 continue
@@ -469,16 +556,28 @@ def run_part(a: argparse.Namespace) -> int:
                         result["runs"].append(row)
                         print(json.dumps(row), flush=True)
                     save()
-            if a.profile and a.part == "gateway":
-                await profile(a.out / f"pyspy_{shape}.txt", proc.pid, lambda: one("sparkgate", 2048, 8, 99))
 
         asyncio.run(drive())
     finally:
         stop(proc)
-        shutil.copy(log, a.out / log.name)
+    if a.part == "gateway":
+        gateway_ttfts(result["runs"], log.read_text(errors="replace"))
     save()
     print(table([result]))
     return 0
+
+
+def gateway_ttfts(rows: list[dict[str, Any]], log: str) -> None:
+    """Each sparkgate row gets the gateway's own TTFT p50 from its request log (`ttft_ms`: from its
+    outermost middleware to the engine's first output), matched by the case's x-request-id."""
+    got: dict[tuple[int, int], list[float]] = {}  # (prompt, concurrency) -> ttft_ms
+    for m in re.finditer(r"request_id=sparkgate-(\d+)-(\d+)-(\d+)-\d+ .*? ttft_ms=([\d.]+)", log):
+        if m[3] != "99":  # the profiled batches
+            got.setdefault((int(m[1]), int(m[2])), []).append(float(m[4]))
+    for r in rows:
+        if r["path"] == "sparkgate" and (xs := got.get((r["prompt_len"], r["concurrency"]))):
+            r["gateway_ttft_p50_ms"] = round(statistics.median(xs), 2)
+            r["gateway_ttft_mean_ms"] = round(statistics.fmean(xs), 2)
 
 
 async def profile(dest: Path, pid: int, case: Any) -> None:
@@ -500,16 +599,24 @@ async def profile(dest: Path, pid: int, case: Any) -> None:
 # --------------------------------------------------------------------------- table
 
 
-def table(parts: list[dict[str, Any]]) -> str:
+def table(parts: list[dict[str, Any]], stat: str = "p50") -> str:
     """One row per shape, prompt and concurrency: output tok/s as a ratio to direct, TTFT p50 added
-    to direct's (ms), and each path's decode rate per stream."""
+    to direct's (ms), and each path's decode rate per stream; with the HTTP floor, sparkgate's TTFT
+    p50 minus the floor's; with the gateway's request log, its own TTFT p50 minus direct's.
+    `stat` "mean" compares mean TTFTs instead (the direct TTFT column then holds direct's mean)."""
+    ttft, gw = f"ttft_{stat}_ms", f"gateway_ttft_{stat}_ms"
     rows = [r for p in parts for r in p["runs"]]
     cases = sorted({(r["shape"], r["prompt_len"], r["concurrency"]) for r in rows})
-    paths = [p for p in ("direct", "adapter", "sparkgate", "vllm_server") if any(r["path"] == p for r in rows)]
+    order = ("direct", "adapter", "sparkgate", "http_floor", "vllm_server")
+    paths = [p for p in order if any(r["path"] == p for r in rows)]
     by = {(r["shape"], r["prompt_len"], r["concurrency"], r["path"]): r for r in rows}
     others = [p for p in paths if p != "direct"]
-    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], "direct TTFT p50 ms"]
-    head += [f"{p} +ms" for p in others] + ["decode tok/s/stream " + " / ".join(paths)]
+    floor = "http_floor" in paths and "sparkgate" in paths
+    logged = any(gw in r for r in rows)
+    head = ["shape", "prompt", "conc.", "direct tok/s", *[f"{p} x" for p in others], f"direct TTFT {stat} ms"]
+    head += [f"{p} +ms" for p in others]
+    head += ["sparkgate - floor ms"] * floor + ["gateway log TTFT - direct ms"] * logged
+    head += ["decode tok/s/stream " + " / ".join(paths)]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape, length, conc in cases:
         d = by.get((shape, length, conc, "direct"))
@@ -517,10 +624,16 @@ def table(parts: list[dict[str, Any]]) -> str:
         for p in others:
             r = by.get((shape, length, conc, p))
             cells.append(f"{r['output_tok_s'] / d['output_tok_s']:.3f}" if r and d else "-")
-        cells.append(f"{d['ttft_p50_ms']:.1f}" if d else "-")
+        cells.append(f"{d[ttft]:.1f}" if d else "-")
         for p in others:
             r = by.get((shape, length, conc, p))
-            cells.append(f"{r['ttft_p50_ms'] - d['ttft_p50_ms']:+.1f}" if r and d else "-")
+            cells.append(f"{r[ttft] - d[ttft]:+.1f}" if r and d else "-")
+        g, f = by.get((shape, length, conc, "sparkgate")), by.get((shape, length, conc, "http_floor"))
+        if floor:
+            cells.append(f"{g[ttft] - f[ttft]:+.1f}" if g and f else "-")
+        if logged:
+            gl = g.get(gw) if g else None
+            cells.append(f"{gl - d[ttft]:+.1f}" if gl is not None and d else "-")
         decode = [by.get((shape, length, conc, p), {}).get("decode_tok_s_per_stream") for p in paths]
         cells.append(" / ".join("-" if x is None else f"{x:.1f}" for x in decode))
         out.append("| " + " | ".join(cells) + " |")
@@ -537,16 +650,19 @@ def main() -> int:
     ap.add_argument("--part", choices=["gateway", "vllm"], default="gateway")
     ap.add_argument("--lens", default="2048,32768")
     ap.add_argument("--conc", default="1,4,8")
-    ap.add_argument("--reps", default="", help="repetitions per prompt length, e.g. 2048:10,32768:2")
+    ap.add_argument("--reps", default="", help="repetitions: LEN:N or LENxCONC:N, e.g. 2048:10,32768:1,32768x1:3")
     ap.add_argument("--adapter", action="store_true", help="also time sparkgate's engine adapter alone")
     ap.add_argument("--adapter-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="output tokens per request")
+    ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--start-timeout", type=float, default=420)
     ap.add_argument("--budget", type=float, default=0, help="seconds from start after which cases are skipped")
     ap.add_argument("--table", nargs="+", type=Path, help="merge these result files and print the table")
+    ap.add_argument("--stat", choices=["p50", "mean"], default="p50", help="the table's TTFT statistic")
     a = ap.parse_args()
     if a.table:
-        print(table([json.loads(p.read_text()) for p in a.table]))
+        print(table([json.loads(p.read_text()) for p in a.table], a.stat))
         return 0
     if a.out is None:
         ap.error("OUT is required")

@@ -5,11 +5,13 @@ arrive together wait for each other's; the k-th of c waits about k times the tot
 
     .venv/bin/python benchmarks/gpu/side_by_side_hops.py [--tokenizer models/_tokenizer-qwen3]
 
-Steps, as the request path runs them: the body parsed (json), validated (pydantic
-CompletionRequest), the ids checked against the vocabulary (prepare._completion_prompts), and
-`policies.tokens.from_ids`, which decodes the whole prompt back to text (only `echo` reads it),
-and the prompt's prefix-cache keys for admission (`policies.kv.prefix_keys`, 1,568-token blocks).
-Median of 7 runs each, milliseconds.
+Steps, as the request path runs them: the body checked (gateway.http.body_limits.check_body:
+UTF-8 and nesting depth), parsed (json), validated (pydantic CompletionRequest), its prompts
+normalized (`CompletionRequest.prompts`, which prepare_completion reads twice), the ids checked
+against the vocabulary (prepare._completion_prompts), `policies.tokens.from_ids` (since the
+id-prompt cut only a tuple; it used to decode the whole prompt back to text), the prompt's
+prefix-cache keys for admission (`policies.kv.prefix_keys`, 1,568-token blocks) and the adapter's
+`list()` for vLLM's TokensPrompt. Median of 7 runs each, milliseconds.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> int:
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
+    from gateway.http.body_limits import check_body
     from gateway.http.schemas import CompletionRequest
     from gateway.text import tokenizer as fast_tokenizer
     from policies import kv, tokens
@@ -56,18 +59,24 @@ def main() -> int:
         ids = [rng.randrange(1000, 150_000) for _ in range(n)]
         body = json.dumps({"model": "bench", "prompt": ids, "max_tokens": 256, "stream": True}).encode()
         data = json.loads(body)
+        req = CompletionRequest.model_validate(data)
+        prompt = tokens.from_ids(ids)
         steps = [
+            median_ms(lambda: check_body(body, 64)),
             median_ms(lambda: json.loads(body)),
             median_ms(lambda: CompletionRequest.model_validate(data)),
+            2 * median_ms(lambda: req.prompts),
             median_ms(lambda: any(not 0 <= t < vocab for t in ids)),
-            median_ms(lambda: tokens.from_ids(tok, ids)),
-            median_ms(lambda: kv.prefix_keys(ids, 1568)),  # the 27B's FP8 block
+            median_ms(lambda: tokens.from_ids(ids)),
+            median_ms(lambda: kv.prefix_keys(prompt.token_ids, 1568)),  # the 27B's FP8 block
+            median_ms(lambda: list(prompt.token_ids)),
         ]
         cells = " | ".join(f"{s:.2f}" for s in steps)
         return f"| {n} | {len(body) // 1024} | {cells} | {sum(steps):.2f} | {8 * sum(steps):.1f} |"
 
-    print("| prompt tokens | body KiB | json.loads | pydantic | vocab check | from_ids | prefix keys | total | x8 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "| prompt tokens | body KiB | body check | json.loads | pydantic | .prompts x2 | vocab check | from_ids "
+    print(head + "| prefix keys | list() | total | x8 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (int(x) for x in a.lens.split(",")):
         print(row(n))
     return 0
