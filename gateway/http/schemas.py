@@ -241,7 +241,9 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    # Token ids before strings: pydantic tries the members in order, and a 32K-id prompt
+    # checked against list[str] first cost 2.6 ms of the event loop's time to fail.
+    prompt: str | list[TokenId] | list[list[TokenId]] | list[str]
     max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)  # OpenAI's default for completions
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's maximum for completions

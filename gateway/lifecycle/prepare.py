@@ -433,17 +433,17 @@ def _cache_salt(served: ServedModel, principal: Principal) -> str | None:
     return None
 
 
-async def _completion_prompts(served: ServedModel, req: CompletionRequest) -> list[tokens.Prompt]:
+async def _completion_prompts(served: ServedModel, given: list[str | list[int]]) -> list[tokens.Prompt]:
     vocab_size = len(served.tokenizer)
     prompts = []
-    for p in req.prompts:
+    for p in given:
         if isinstance(p, str):
             if len(p) <= INLINE_CHARS:
                 prompts.append(tokens.encode_text(served.tokenizer, p))
             else:
                 prompts.append(await asyncio.to_thread(tokens.encode_text, served.tokenizer, p))
         else:
-            if any(not 0 <= t < vocab_size for t in p):
+            if p and (min(p) < 0 or max(p) >= vocab_size):  # in C: a 32K-id prompt on the loop
                 raise InvalidRequest(
                     f"Invalid 'prompt': token ids must be of this model's vocabulary (0..{vocab_size - 1}).",
                     param="prompt",
@@ -463,13 +463,14 @@ async def prepare_completion(
 ) -> Job:
     candidates = _candidates(registry, routing, req.model, principal)
     _check_common(req, limits)
-    _at_most(len(req.prompts), limits.max_messages, "prompts", "prompt")
+    given = req.prompts  # a property that walks every id: once
+    _at_most(len(given), limits.max_messages, "prompts", "prompt")
     first = candidates[0]
-    prompts = await _completion_prompts(first, req)
+    prompts = await _completion_prompts(first, given)
     longest = max(prompts, key=len)  # a multi-prompt request is routed by its longest prompt
     served, info = _route(routing, req.model, candidates, principal, longest, req.max_tokens)
     if served.tokenizer_id != first.tokenizer_id:
-        prompts = await _completion_prompts(served, req)
+        prompts = await _completion_prompts(served, given)
     _check_vocabulary(req, served)
     job_id = f"cmpl-{uuid.uuid4().hex}"
     lp = req.logprobs
