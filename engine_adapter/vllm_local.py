@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -197,6 +199,70 @@ def _vllm_collectors() -> list[Any]:
     return [c for c in found if str(getattr(c, "_name", "")).startswith("vllm:")]
 
 
+# vLLM's Prometheus logger first drops every `vllm:*` collector from the global registry
+# (another engine's), then registers its own: engines starting side by side take turns.
+_REGISTERING = threading.Lock()
+
+
+def _prometheus_logger(own: list[Any]) -> Any:
+    """vLLM's Prometheus stat logger, which puts the collectors it registers into `own`
+    (this engine's, for metric_families): vLLM then makes no default one."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class OwnPrometheusStatLogger(PrometheusStatLogger):
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+            with _REGISTERING:
+                before = set(_vllm_collectors())
+                super().__init__(vllm_config, engine_indexes)
+                own[:] = [c for c in _vllm_collectors() if c not in before]
+
+    return OwnPrometheusStatLogger
+
+
+# The CPU build reads an engine's core binding from VLLM_CPU_OMP_THREADS_BIND in its core
+# process, which inherits this process's environment when it is spawned: the variable holds
+# one engine's cores from when it is set until that engine's core process exists.
+_BINDING = threading.Lock()
+_SPAWN_POLL_S = 0.05
+
+
+@contextlib.asynccontextmanager
+async def _binding(cores: str | None) -> AsyncIterator[None]:
+    """Run the block (an engine's creation) with VLLM_CPU_OMP_THREADS_BIND set to `cores`
+    until the block's engine core process is spawned (or the block ends); engines starting
+    side by side wait only for each other's spawn, not for each other's start. `cores` None:
+    the variable as this process got it (no other engine's binding)."""
+    await asyncio.to_thread(_BINDING.acquire)
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    before = {p.pid for p in multiprocessing.active_children()}
+    if cores is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if released:
+            return
+        released = True
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+        _BINDING.release()
+
+    async def release_once_spawned() -> None:
+        while not any(p.pid not in before for p in multiprocessing.active_children()):
+            await asyncio.sleep(_SPAWN_POLL_S)
+        release()
+
+    watch = asyncio.ensure_future(release_once_spawned())
+    try:
+        yield
+    finally:
+        watch.cancel()
+        release()
+
+
 class _StatsSink:
     """Shared accumulator that the stat-logger factory writes into."""
 
@@ -281,24 +347,11 @@ class VllmLocalEngine:
 
         t0 = time.monotonic()
         args = self._engine_args()
-        # The CPU build reads the core binding from the environment when the
-        # worker starts, so set it just for this engine's creation.
-        saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-        if self.config.cpu_cores is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_cores
-        before = set(_vllm_collectors())
-        try:
-            # Engine creation blocks for tens of seconds: keep the event loop free.
-            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[self._sink.factory()])
-            # vLLM's PrometheusStatLogger registered its metrics in the global registry, after
-            # dropping every `vllm:*` collector there (another engine's): keep this engine's own.
-            self._prometheus = [c for c in _vllm_collectors() if c not in before]
-        finally:
-            if self.config.cpu_cores is not None:
-                if saved is None:
-                    os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-                else:
-                    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+        loggers = [self._sink.factory(), _prometheus_logger(self._prometheus)]
+        async with _binding(self.config.cpu_cores):
+            # Engine creation blocks for tens of seconds: keep the event loop free. Another
+            # engine may start beside it once this one's core process is spawned (_binding).
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self._kv_spec = self._read_kv_spec()
         self.startup_seconds = time.monotonic() - t0
         spec = self._kv_spec

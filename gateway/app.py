@@ -26,7 +26,7 @@ from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
-from gateway.settings import PRIORITY_CLASSES, ModelSettings, Settings
+from gateway.settings import PRIORITY_CLASSES, EngineStart, ModelSettings, Settings
 from gateway.state import AppState, Counters
 from gateway.supervisor import SupervisedEngine, Supervisor
 from gateway.text import tokenizer as fast_tokenizer
@@ -156,6 +156,35 @@ def admission_control(settings: Settings, served: list[ServedModel]) -> Admissio
     )
 
 
+async def start_engines(
+    engines: list[tuple[ModelSettings, Engine]], mode: EngineStart, start_s: dict[str, float]
+) -> None:
+    """Start the models' engines in config order or side by side (`server.engine_start`),
+    each one's start time into `start_s`. If one fails, those started are shut down."""
+
+    done: list[Engine] = []
+
+    async def start(model: ModelSettings, engine: Engine) -> None:
+        t0 = time.monotonic()
+        await engine.start()
+        start_s[model.name] = time.monotonic() - t0
+        done.append(engine)
+
+    try:
+        if mode == "parallel":
+            results = await asyncio.gather(*(start(m, e) for m, e in engines), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        else:
+            for model, engine in engines:
+                await start(model, engine)
+    except BaseException:
+        for e in done:
+            await e.shutdown()
+        raise
+
+
 def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None) -> FastAPI:
     """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py)."""
     drain = Drain(settings.server.drain_grace_s) if drain is None else drain
@@ -163,6 +192,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served: list[ServedModel] = []
+        engines: list[SupervisedEngine] = []  # every one started, served or not yet
         quota = QuotaGate.from_settings(settings.quotas)
         stored = responses_store.from_settings(settings)
         supervisor: Supervisor | None = None
@@ -171,12 +201,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
         tokenizer_cache = Path(settings.base_dir) / settings.server.cache_dir / "tokenizers"
         try:
             await quota.start()
-            for model in settings.models:
-                t0 = time.monotonic()
-                started = paced(engine_factory(settings, model), model.token_pace_s)
-                await started.start()
-                start_s[model.name] = time.monotonic() - t0
-                engine = SupervisedEngine(started)  # the supervisor swaps a restarted engine in
+            started = [(m, paced(engine_factory(settings, m), m.token_pace_s)) for m in settings.models]
+            await start_engines(started, settings.server.engine_start, start_s)
+            # The supervisor swaps a restarted engine in.
+            engines.extend(SupervisedEngine(e) for _, e in started)
+            for (model, _), engine in zip(started, engines, strict=True):
                 # Count tokens with tiktoken where it provably gives the model tokenizer's ids.
                 tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer, tokenizer_cache)
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
@@ -213,8 +242,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
             if supervisor is not None:
                 await supervisor.stop()  # no restart may race the shutdown below
             drain.begin()  # /ready: 503 while the engines shut down
-            for m in served:
-                await m.engine.shutdown()
+            for e in engines:
+                await e.shutdown()
             await quota.close()
             await stored.close()
 

@@ -49,7 +49,7 @@ from engine_adapter.base import Engine, EngineError, EngineRequestInvalid
 from engine_adapter.hf_tokenizer import fingerprint
 from engine_adapter.wire import Claim, EngineInfo, GenerateFrame, StatsFrame, chunk_line, error_line
 from gateway import errors
-from gateway.app import EngineFactory, vllm_engine
+from gateway.app import EngineFactory, start_engines, vllm_engine
 from gateway.auth import bearer
 from gateway.drain import Drain
 from gateway.errors import (
@@ -265,9 +265,9 @@ def create_host_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hosted: dict[str, HostedEngine] = {}
         try:
-            for model in settings.models:
-                engine = engine_factory(settings, model)
-                await engine.start()
+            engines = [(model, engine_factory(settings, model)) for model in settings.models]
+            await start_engines(engines, settings.server.engine_start, {})
+            for model, engine in engines:
                 hosted[model.name] = HostedEngine(engine, fingerprint(engine.tokenizer))
                 spec = engine.kv_spec
                 log.info("hosting %s: %d blocks x %d tokens, %d slots", model.name, spec.usable_blocks,

@@ -61,6 +61,9 @@ class CorsSettings(_Model):
     max_age_s: int = Field(600, ge=0)
 
 
+EngineStart = Literal["sequential", "parallel"]
+
+
 class ServerSettings(_Model):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -75,6 +78,11 @@ class ServerSettings(_Model):
     # SIGTERM: how long requests in flight may take to finish before they are aborted
     # (new requests get 503 meanwhile); a second SIGTERM aborts them at once.
     drain_grace_s: float = Field(30.0, ge=0)
+    # How the models' engines start: one after another (the safe choice on a GPU, where an
+    # engine sizes itself by the memory free at its start), or side by side (CPU engines on
+    # their own cores, or GPU engines whose KV is set in bytes): start-up takes the slowest
+    # engine's time instead of the sum.
+    engine_start: EngineStart = "sequential"
     cors: CorsSettings = CorsSettings()
     # Proxies (addresses or networks) whose X-Forwarded-For names the client: failed-auth
     # throttling and /metrics' loopback check then see the client, not the proxy. Empty: the

@@ -105,7 +105,13 @@ def server_config(tmp: Path, port: int) -> Path:
     from gateway.settings import hash_key
 
     cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "log_level": "info",
+            "cache_dir": str(ROOT / ".cache"),
+            "engine_start": "parallel",
+        },  # each engine on its own core
         "auth": {
             "required": True,
             "keys": [

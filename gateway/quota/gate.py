@@ -103,6 +103,10 @@ class Hold:
     def rid(self) -> str:
         return self.reserved.rid
 
+    @property
+    def settling(self) -> bool:
+        return self._done
+
     def settle(self, prompt_tokens: int, completion_tokens: int, *, returned: bool = True) -> None:
         if self._done:
             return
@@ -272,12 +276,19 @@ class QuotaGate:
                 m.unreturned_tokens += prompt + completion
         else:
             m.released += 1
-        self._live.pop(hold.rid, None)  # no more renewals: the settlement takes over
+        # Renewed until the settlement is applied: a settle that waits on a busy loop must not
+        # find its lease gone (the reservation swept, its room taken, then charged anyway).
         task = asyncio.get_running_loop().create_task(self._apply(hold, prompt, completion))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _apply(self, hold: Hold, prompt: int, completion: int) -> None:
+        try:
+            await self._apply_settlement(hold, prompt, completion)
+        finally:
+            self._live.pop(hold.rid, None)
+
+    async def _apply_settlement(self, hold: Hold, prompt: int, completion: int) -> None:
         if hold.store is not self.store:
             # Served on local limits while Redis was away: settle here, and replay the
             # usage into Redis when it is back so the shared totals miss nothing.
@@ -342,8 +353,10 @@ class QuotaGate:
             else:
                 missing = await store.renew(rids)
                 await store.sweep()
+            held = dict(live)
             for rid in missing:
-                log.warning("quota hold %s lost its lease before it was settled", rid)
+                if not held[rid].settling:  # else its settlement was applied meanwhile
+                    log.warning("quota hold %s lost its lease before it was settled", rid)
 
     def snapshot(self) -> dict[str, Any]:
         return {

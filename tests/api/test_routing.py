@@ -52,7 +52,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     second = "1" if (os.cpu_count() or 1) > 1 else "0"
     cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "log_level": "info",
+            "cache_dir": str(ROOT / ".cache"),
+            "engine_start": "parallel",
+        },  # each engine on its own core
         "auth": {
             "required": True,
             "keys": [

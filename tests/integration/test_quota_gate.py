@@ -117,6 +117,34 @@ async def test_leases_are_renewed_while_requests_run(own_redis: RedisServer) -> 
         await gate.close()
 
 
+async def test_a_hold_keeps_its_lease_until_its_settlement_is_applied(own_redis: RedisServer) -> None:
+    """A settlement waiting on a busy loop (here: held back past the lease) must not find the
+    reservation swept: its room would go to another request, then be charged anyway."""
+    gate = await gate_for(own_redis, "closed")
+    store = gate.store
+    go = asyncio.Event()
+    settle = store.settle
+
+    async def held_back(*args: object) -> bool:
+        await go.wait()
+        return await settle(*args)  # type: ignore[arg-type]
+
+    try:
+        hold = await gate.reserve(ALICE, "slow-settle", 100)
+        store.settle = held_back  # type: ignore[method-assign]
+        hold.settle(1, 1)
+        await asyncio.sleep(4)  # well past the 1.5 s lease, the settlement still waiting
+        assert (await store.stats()).expired == 0
+        go.set()
+        await until(lambda: gate.snapshot()["holds"] == 0)
+        assert gate.metrics.late_settles == 0 and (await store.stats()).late == 0
+        u = await gate.usage("key:key_a")
+        assert (u.day.used, u.day.reserved_tokens, u.live) == (2, 0, 0)
+    finally:
+        go.set()  # the close waits for settlements in flight
+        await gate.close()
+
+
 async def test_after_redis_restarts_no_pooled_connection_trips_it_again(own_redis: RedisServer) -> None:
     """The connections pooled before the outage point at the old server: each would fail its
     first command after the recovery and take the gate down again (503s on a closed replica)."""
