@@ -357,12 +357,25 @@ def _no_checks(state: str) -> Any:
     raise AssertionError("the structural checks ran again")
 
 
-def test_a_kept_plan_skips_the_checks(hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def planned(hf: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plan a first FastTokenizer wrote (once: the checks take seconds); tests copy it."""
+    cache = tmp_path_factory.mktemp("planned")
+    assert FastTokenizer(hf, cache_dir=cache).backend == "tiktoken"
+    (plan,) = cache.glob("*.plan")
+    return plan
+
+
+def copy_plan(planned: Path, cache: Path) -> Path:
+    plan = cache / planned.name
+    plan.write_bytes(planned.read_bytes())
+    return plan
+
+
+def test_a_kept_plan_skips_the_checks(hf: Any, planned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gateway.text.tokenizer as tokenizer
 
-    first = FastTokenizer(hf, cache_dir=tmp_path)
-    assert first.backend == "tiktoken"
-    (plan,) = tmp_path.glob("*.plan")
+    plan = copy_plan(planned, tmp_path)
     monkeypatch.setattr(tokenizer, "_plan", _no_checks)
     again = FastTokenizer(hf, cache_dir=tmp_path)
     assert again.backend == "tiktoken"
@@ -371,30 +384,30 @@ def test_a_kept_plan_skips_the_checks(hf: Any, tmp_path: Path, monkeypatch: pyte
     assert list(tmp_path.glob("*.plan")) == [plan]
 
 
-def test_a_plan_is_kept_per_tokenizer_state(hf: Any, tmp_path: Path) -> None:
+def test_a_plan_is_kept_per_tokenizer_state(hf: Any, planned: Path) -> None:
     import gateway.text.tokenizer as tokenizer
 
     state = tokenizer._serialized(hf)
-    FastTokenizer(hf, cache_dir=tmp_path)
-    assert [p.name for p in tmp_path.glob("*.plan")] == [f"{tokenizer._plan_key(state)}.plan"]
+    # The first FastTokenizer on an empty cache wrote exactly one plan, named by the state.
+    assert [p.name for p in planned.parent.glob("*.plan")] == [f"{tokenizer._plan_key(state)}.plan"]
     # Any change to the serialized tokenizer is another key, so never another's plan.
     assert tokenizer._plan_key(state.replace('"<|im_end|>"', '"<|im_stop|>"', 1)) != tokenizer._plan_key(state)
 
 
-def test_a_torn_plan_is_verified_again(hf: Any, tmp_path: Path) -> None:
-    FastTokenizer(hf, cache_dir=tmp_path)
-    (plan,) = tmp_path.glob("*.plan")
+def test_a_torn_plan_is_verified_again(hf: Any, planned: Path, tmp_path: Path) -> None:
+    plan = copy_plan(planned, tmp_path)
     plan.write_text('{"pattern": "x"')
     tok = FastTokenizer(hf, cache_dir=tmp_path)
     assert tok.backend == "tiktoken"
     assert plan.read_text().startswith('{"pattern"') and len(plan.read_text().splitlines()) > len(hf) // 2
 
 
-def test_a_plan_that_fails_its_probes_is_replaced(hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plan_that_fails_its_probes_is_replaced(
+    hf: Any, planned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gateway.text.tokenizer as tokenizer
 
-    FastTokenizer(hf, cache_dir=tmp_path)
-    (path,) = tmp_path.glob("*.plan")
+    path = copy_plan(planned, tmp_path)
     kept = tokenizer._load_plan(path)
     ranks = dict(kept.ranks)
     ranks[b"hello"], ranks[b"world"] = ranks[b"world"], ranks[b"hello"]  # a plan that is wrong
