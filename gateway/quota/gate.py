@@ -344,18 +344,17 @@ class QuotaGate:
                 log.exception("quota maintenance failed")
 
     async def _renew_and_sweep(self) -> None:
-        live = list(self._live.items())
+        live = dict(self._live)  # a snapshot: holds may settle while Redis answers
         for store in (s for s in (self.store, self.local) if s is not None):
-            rids = [rid for rid, h in live if h.store is store]
+            rids = [rid for rid, h in live.items() if h.store is store]
             if store is self.store and self.shared:
                 missing = await self._shared(functools.partial(store.renew, rids)) if rids else []
                 await self._shared(self.store.sweep)
             else:
                 missing = await store.renew(rids)
                 await store.sweep()
-            held = dict(live)
             for rid in missing:
-                if not held[rid].settling:  # else its settlement was applied meanwhile
+                if not live[rid].settling:  # else its settlement was applied meanwhile
                     log.warning("quota hold %s lost its lease before it was settled", rid)
 
     def snapshot(self) -> dict[str, Any]:
