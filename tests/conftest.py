@@ -101,17 +101,16 @@ class Server:
         return r.json()  # type: ignore[no-any-return]
 
 
+def server_section(port: int, **extra: Any) -> dict[str, Any]:
+    """A test config's `server:`: loopback, info logs, the tree's caches."""
+    return {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache"), **extra}
+
+
 def server_config(tmp: Path, port: int) -> Path:
     from gateway.settings import hash_key
 
     cfg = {
-        "server": {
-            "host": "127.0.0.1",
-            "port": port,
-            "log_level": "info",
-            "cache_dir": str(ROOT / ".cache"),
-            "engine_start": "parallel",
-        },  # each engine on its own core
+        "server": server_section(port, engine_start="parallel"),  # each engine on its own core
         "auth": {
             "required": True,
             "keys": [
@@ -350,7 +349,7 @@ def replay_config(tmp: Path, port: int) -> Path:
 
     path = str(MODELS / "tiny-qwen3")
     cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
+        "server": server_section(port),
         "auth": {"required": True, "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}]},
         "models": [
             {"name": REPLAY, "engine": "replay", "path": path, "max_model_len": 4096},

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, Server, free_port, launch, server_section
 
 KEY = "sk-route-user"
 SUBSTITUTE_KEY = "sk-route-flexible"
@@ -52,13 +52,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     second = "1" if (os.cpu_count() or 1) > 1 else "0"
     cfg = {
-        "server": {
-            "host": "127.0.0.1",
-            "port": port,
-            "log_level": "info",
-            "cache_dir": str(ROOT / ".cache"),
-            "engine_start": "parallel",
-        },  # each engine on its own core
+        "server": server_section(port, engine_start="parallel"),  # each engine on its own core
         "auth": {
             "required": True,
             "keys": [
