@@ -13,7 +13,9 @@ the users who run little, so they start at once:
   last one ended: a user sending one request after another keeps its room between them;
 - while others are active, a user runs at most `max_share` of the slots (never fewer than
   it is owed): where each sequence in the batch makes every step longer (a CPU), the
-  flood's batch is what delays a light user's first token.
+  flood's batch is what delays a light user's first token. The user asking for the least
+  (running and waiting) is not the flood: the cap spares it, else a light user with a few
+  requests in flight would wait for its own beside a capped flood.
 
 A lone user is owed nothing by anyone else, so it gets every slot (work-conserving); as
 more users become active, what a flood may hold shrinks by what they are owed. Room is
@@ -62,7 +64,7 @@ class _User:
 
 class Shares:
     """One pool's active users and what they are owed, kept incrementally: a decision costs
-    O(1), an expiry O(log users)."""
+    O(1) (O(active users) where the share cap binds), an expiry O(log users)."""
 
     def __init__(self, policy: FairShare, slots: int, blocks: int) -> None:
         self.policy = policy
@@ -124,7 +126,7 @@ class Shares:
         if running < self.policy.reserve_slots:
             return True  # it takes what it is owed itself
         assert u is not None  # (it runs something)
-        if len(self._users) > 1 and running + sequences > self._share_cap:
+        if len(self._users) > 1 and running + sequences > self._share_cap and not self._lightest(u):
             return False
         others_slots = self._owed_slots - u.owed_slots
         others_blocks = self._owed_blocks - u.owed_blocks
@@ -151,6 +153,12 @@ class Shares:
         return self._owed_slots, self._owed_blocks
 
     # -- internals -------------------------------------------------------------
+
+    def _lightest(self, u: _User) -> bool:
+        """Whether `u` asks for less (sequences running, requests waiting) than every other
+        active user. O(active users), only where the share cap would bind."""
+        mine = u.sequences + u.waiting
+        return all(o is u or mine < o.sequences + o.waiting for o in self._users.values())
 
     def _user(self, user: str) -> _User:
         u = self._users.get(user)

@@ -235,6 +235,22 @@ def test_max_share_caps_a_user_only_while_others_are_active() -> None:
     assert low.allows("x", 0, 0, free_slots=0, free_blocks=40) and not low.allows("x", 1, 1, 0, 40)
 
 
+def test_max_share_spares_the_user_asking_for_the_least() -> None:
+    s = Shares(FairShare(max_share=0.5), slots=8, blocks=80)  # 4 of 8 slots beside others
+    for user, running, waiting in (("heavy", 4, 20), ("light", 4, 1)):
+        for _ in range(running):
+            s.queued(user, 1, 1)
+            s.started(user, 1)
+            s.unqueued(user, 0.0)
+        for _ in range(waiting):
+            s.queued(user, 1, 1)
+    assert not s.allows("heavy", 1, 1, free_slots=4, free_blocks=40)  # the flood: at its share
+    assert s.allows("light", 1, 1, free_slots=4, free_blocks=40)  # asks for less: not capped
+    for _ in range(19):  # light asks for as much as heavy now: capped alike
+        s.queued("light", 1, 1)
+    assert not s.allows("light", 1, 1, free_slots=4, free_blocks=40)
+
+
 def _held_for_light(now: float = 0.5) -> tuple[Admission, Demand]:
     """Two slots: light idle (owed one until 1.0), heavy running one, its second waiting."""
     a = make(slots=2)
