@@ -141,9 +141,10 @@ class Router:
         output_tokens: int,
         salt: str | None,
         route: RouteInfo | None = None,
+        user: str = "",
     ) -> Flight:
-        """Start the timing record of a request sent (or held) for `model` as `route` decided."""
-        return self.model.fly(model, prompt_ids, output_tokens, salt, route)
+        """Start the timing record of `user`'s request sent (or held) for `model` as `route` decided."""
+        return self.model.fly(model, prompt_ids, output_tokens, salt, route, user)
 
     def snapshot(self) -> dict[str, object]:
         out: dict[str, object] = {"routed": dict(self.model.routed), "rejected": self.model.rejected, "models": {}}

@@ -71,6 +71,7 @@ class Flight:
     output_tokens: int  # expected (max_tokens, or the routing default)
     keys: tuple[Hashable, ...]  # its prompt's prefix-cache keys
     routed_at: float
+    user: str = ""  # who sent it: the admission queue takes users in turn
     tpot_objective: float | None = None  # its SLO's time per output token, protected from newcomers
     not_before: float = 0.0  # held until then (engine clock) so as not to stall running requests
     ttft_due: float | None = None  # its first token is due by then (engine clock; SLO with headroom)
@@ -255,10 +256,39 @@ class Lane:
             n += 1
         return n * self.spec.block_size
 
-    def predict_tokens(self, prompt_tokens: int, cached: int, output_tokens: int) -> Prediction:
+    def queued_ahead(self, user: str | None = None) -> list[Flight]:
+        """The queued requests here a newcomer from `user` waits behind, in order. The
+        admission queue takes users in turn, least recently served first
+        (policies/admission.py): the newcomer comes after its user's queued requests and, of
+        each other user's, as many (one more where that user was served less recently). None:
+        first come, first served (all of them)."""
+        here = self.ahead()
+        queued = [f for f in here if f.admitted_at is None]
+        if user is None:
+            return queued
+        served: dict[str, float] = {}  # each user's latest admission of those still here
+        for f in here:
+            if f.admitted_at is not None:
+                served[f.user] = max(served.get(f.user, -math.inf), f.admitted_at)
+        mine = sum(1 for f in queued if f.user == user)
+        me = served.get(user, -math.inf)
+        taken: dict[str, int] = {}
+        out = []
+        for f in queued:
+            n = taken.get(f.user, 0)
+            turns = mine if f.user == user else mine + (served.get(f.user, -math.inf) <= me)
+            if n < turns:
+                out.append(f)
+                taken[f.user] = n + 1
+        return out
+
+    def predict_tokens(
+        self, prompt_tokens: int, cached: int, output_tokens: int, user: str | None = None
+    ) -> Prediction:
+        """A newcomer's prediction here; `user`: who sends it (its place in the fair queue)."""
         here = self.ahead()
         running = [f for f in here if f.admitted_at is not None]
-        queued = [f for f in here if f.admitted_at is None]
+        queued = self.queued_ahead(user)
         concurrency = min(self.slots, len(running) + 1)
         step = self.step_s(concurrency, prompt_tokens)
         services = [
@@ -274,7 +304,7 @@ class Lane:
             concurrency=concurrency,
             context_tokens=prompt_tokens + output_tokens // 2,
         )
-        ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached)) + own.ttft_s
+        ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached, queued)) + own.ttft_s
         decode = own.tpot_s * max(1, output_tokens)
         # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
         # steps take about twice as long. Stretch the part of the request the mate overlaps.
@@ -336,16 +366,17 @@ class Lane:
             before_tokens = sum(_to_prefill(f) for f in before)
         return self.prefill_s(before_tokens) + own
 
-    def prefill_ahead_s(self, new_tokens: int) -> float:
+    def prefill_ahead_s(self, new_tokens: int, queued: Sequence[Flight] | None = None) -> float:
         """Predicted seconds of other prompts' prefill before a new prompt of `new_tokens`
-        has prefilled. Without a chunk cap the engine prefills first come, first served: all
-        of them. With one (`LaneSpec.chunk_tokens`), each prompt ahead takes at most a
-        chunk of every step the new one prefills in, so a short prompt waits a chunk of each."""
+        has prefilled (`queued`: those waiting ahead of it; None: all). Without a chunk cap
+        the engine prefills first come, first served: all of them. With one
+        (`LaneSpec.chunk_tokens`), each prompt ahead takes at most a chunk of every step the
+        new one prefills in, so a short prompt waits a chunk of each."""
         cap = self.spec.chunk_tokens
         if not cap:
-            return self.prefill_all_s()
+            return self.prefill_all_s(queued)
         steps = math.ceil(max(1, new_tokens) / cap)
-        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left()]
+        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left(queued)]
         total = sum(w for *_, w in waits)
         if len(self.ahead()) == 1 and waits:
             # A prompt alone is not capped: the step under way may be a whole budget of it.
@@ -357,13 +388,13 @@ class Lane:
         """A chunk of `flight`'s prompt at its end: the longest one (attention grows with context)."""
         return self.prefill_s(flight.prompt_tokens) - self.prefill_s(max(0, flight.prompt_tokens - tokens))
 
-    def prefills_left(self) -> list[tuple[Flight, float]]:
-        """Each prompt here still to prefill, in the engine's order (those admitted first),
-        with its predicted seconds left. The first one admitted has had the engine's prefill
-        budget since its admission; the others are counted whole."""
+    def prefills_left(self, queued: Sequence[Flight] | None = None) -> list[tuple[Flight, float]]:
+        """Each prompt here still to prefill, in the engine's order (those admitted first, then
+        `queued`, None: all waiting), with its predicted seconds left. The first one admitted
+        has had the engine's prefill budget since its admission; the others are counted whole."""
         here = self.ahead()
         started = sorted((f for f in here if f.prefilling), key=lambda f: f.admitted_at or 0.0)
-        waiting = [f for f in here if f.admitted_at is None]
+        waiting = [f for f in here if f.admitted_at is None] if queued is None else list(queued)
         out = [(f, self.prefill_s(f.prompt_tokens - f.cached_tokens)) for f in [*started, *waiting]]
         if started:
             first, work = out[0]
@@ -374,11 +405,11 @@ class Lane:
         """Predicted seconds until the requests running here have all prefilled."""
         return sum(left for f, left in self.prefills_left() if f.admitted_at is not None)
 
-    def prefill_all_s(self) -> float:
-        """Predicted seconds until every prompt here, running or queued, has prefilled, one
-        after another (first come, first served)."""
-        queued = sum(f.prompt_tokens - f.cached_tokens for f in self.ahead() if f.admitted_at is None)
-        return self.prefill_backlog_s() + self.prefill_s(queued)
+    def prefill_all_s(self, queued: Sequence[Flight] | None = None) -> float:
+        """Predicted seconds until every prompt here running, and `queued` (None: all those
+        waiting), has prefilled, one after another (first come, first served)."""
+        waiting = [f for f in self.ahead() if f.admitted_at is None] if queued is None else queued
+        return self.prefill_backlog_s() + self.prefill_s(sum(f.prompt_tokens - f.cached_tokens for f in waiting))
 
     def prefill_s(self, tokens: int) -> float:
         return self.latency.predict(prompt_tokens=tokens).ttft_s - self.latency.predict(prompt_tokens=0).ttft_s

@@ -30,6 +30,7 @@ class RouteQuery:
     prompt_ids: Sequence[int]
     output_tokens: int  # expected (max_tokens, or a default)
     salt: str | None = None  # its prefix-cache salt
+    user: str | None = None  # who sends it: the fair queue takes users in turn (None: first come, first served)
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,16 @@ class LoadModel:
             lane = self.lanes[n]
             keys = lane.keys(q.prompt_ids, q.salt)  # hashed once per engine (block sizes differ)
             cached[n] = lane.cached_tokens(keys)
-            predictions[n] = lane.predict_tokens(len(q.prompt_ids), cached[n], q.output_tokens)
+            predictions[n] = lane.predict_tokens(len(q.prompt_ids), cached[n], q.output_tokens, q.user)
             harm = lane.harms(len(q.prompt_ids), keys)
             trial = Flight(
-                lane, len(q.prompt_ids), q.output_tokens, keys, routed_at=lane.clock(), cached_tokens=cached[n]
+                lane,
+                len(q.prompt_ids),
+                q.output_tokens,
+                keys,
+                routed_at=lane.clock(),
+                user=q.user or "",
+                cached_tokens=cached[n],
             )
             reserve = self.reserve(trial, q.slo_class, ready)
             candidates.append(
@@ -271,8 +278,9 @@ class LoadModel:
         output_tokens: int,
         salt: str | None = None,
         route: RouteInfo | None = None,
+        user: str = "",
     ) -> Flight:
-        """Start the timing record of a request sent (or held) for `model` as `route` decided."""
+        """Start the timing record of `user`'s request sent (or held) for `model` as `route` decided."""
         lane = self.lanes[model]
         keys = lane.keys(prompt_ids, salt)
         now = lane.clock()
@@ -283,6 +291,7 @@ class LoadModel:
             output_tokens,
             keys,
             routed_at=now,
+            user=user,
             tpot_objective=None if route is None else route.tpot_objective,
             not_before=now + (0.0 if route is None else route.hold_s),
             ttft_due=None if route is None or route.ttft_objective is None else now + route.ttft_objective,

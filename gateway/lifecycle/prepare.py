@@ -309,6 +309,7 @@ def _route(
             prompt_ids=prompt.token_ids,
             output_tokens=out,
             salt=_cache_salt(fits[0], principal),
+            user=principal.name,
         )
     )
     return next(c for c in fits if c.name == info.model), info

@@ -105,7 +105,7 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
         return None
     first = job.requests[0]
     out = min(first.sampling.max_tokens, router.settings.default_output_tokens)
-    return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route)
+    return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route, job.principal.name)
 
 
 async def _route_hold(job: Job, flight: Flight, router: Router) -> None:

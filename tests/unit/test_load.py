@@ -4,6 +4,7 @@ no gateway (tests/unit/test_fleet.py drives it on the simulated boxes)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -175,6 +176,28 @@ def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
     assert a.busy_within(0.0, 1.0) == 1.0
     first.admitted()
     assert first.prefilling and a.until_first_token(first, 0.0) == pytest.approx(a.prefill_s(5_000))
+
+
+def test_a_newcomer_waits_behind_its_own_queue_not_a_flood_s() -> None:
+    """The admission queue takes users in turn: a light user's request is predicted to start
+    at the next free slot, not after every request a flood has queued."""
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    for _ in range(4):  # every slot
+        model.fly("a", range(200), 20, user="heavy").admitted()
+        clock.now += 0.1
+    flood = [model.fly("a", range(200), 100, user="heavy") for _ in range(12)]
+    assert a.queued_ahead() == a.queued_ahead("heavy") == flood
+    assert a.queued_ahead("light") == []  # served less recently than heavy: first in line
+    chat = RouteQuery(requested="a", candidates=["a"], slo_class="interactive", prompt_ids=range(200), output_tokens=50)
+    light, heavy = model.route(replace(chat, user="light")), model.route(replace(chat, user="heavy"))
+    assert isinstance(light, RouteInfo) and isinstance(heavy, NoRoute)
+    assert isinstance(model.route(chat), NoRoute)  # no user: first come, first served
+    # Served more recently than heavy, with one request queued: heavy's next two go first.
+    model.fly("a", range(200), 100, user="light").admitted()
+    mine = model.fly("a", range(200), 100, user="light")
+    assert a.queued_ahead("light") == [*flood[:2], mine]
 
 
 def test_with_a_chunk_cap_requests_past_their_first_token_or_without_one_due_are_no_ttft_victims() -> None:
