@@ -5,6 +5,8 @@ virtualenv: `python3 -m venv .cache/litellm-venv && .cache/litellm-venv/bin/pip 
 'litellm[proxy]==1.108.7'`):
 
     .venv/bin/python benchmarks/vs_vllm_server.py [--quick] [--rounds 3] [--requests 64] [--out r.json]
+    # part 2 for sparkgate alone, on a full run's capacity and SLO, its fair share changed:
+    .venv/bin/python benchmarks/vs_vllm_server.py --overload-only 6.0,0.5,0.0458 --fair-share '{"idle_s": 3}'
 
 The same engine settings (config/default.yaml's first model) four ways:
   (a) direct: `VllmLocalEngine` (AsyncLLM) in this process, prompt pre-tokenized: the limit;
@@ -24,9 +26,10 @@ engine core, a child process, is not counted; for (d) LiteLLM's and (c)'s togeth
 Part 2, overload (b, c, d): open-loop Poisson arrivals at 4x what (a) sustains (streaming,
 64-token answers, concurrency 32), from a heavy user (15/16 of it) and a light user (1/16);
 goodput under a TTFT+TPOT SLO, the light user's TTFT (and alone, at its own rate, first),
-rejections and vLLM preemptions. sparkgate runs a second instance for this part with the
-queue timeout at the TTFT SLO and max_queued at 4 x max_num_seqs (an operator's overload
-settings); vLLM and LiteLLM have no such knobs.
+rejections and vLLM preemptions. sparkgate runs config/default.yaml's admission settings (its
+fair share), and a second instance for this part with the queue timeout at the TTFT SLO and
+max_queued at 4 x max_num_seqs (an operator's overload settings); vLLM and LiteLLM have no such
+knobs.
 
 Markdown tables go to stdout, progress to stderr. Exits non-zero when any request failed
 where none should (part 1: any; part 2: one without an HTTP answer: a system's own error
@@ -80,10 +83,14 @@ def log(msg: str) -> None:
     print(f"[vs {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def default_config() -> dict[str, Any]:
+    cfg: dict[str, Any] = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+    return cfg
+
+
 def engine_model() -> dict[str, Any]:
     """config/default.yaml's first model, its path made absolute: every system gets these settings."""
-    cfg = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
-    model: dict[str, Any] = dict(cfg["models"][0])
+    model: dict[str, Any] = dict(default_config()["models"][0])
     model["path"] = str((ROOT / model["path"]).resolve())
     model.pop("aliases", None)
     return model
@@ -123,7 +130,8 @@ def sparkgate_config(
             ],
         },
         "quotas": {"store": "memory"},
-        "admission": admission,
+        # config/default.yaml's admission (its fair share), with this run's settings over it.
+        "admission": default_config().get("admission", {}) | admission,
         "routing": routing,
         "models": [{**model, "prefix": {"normalize": True}}],
     }
@@ -695,6 +703,72 @@ def report_overload(runs: list[OverloadRun], slo: Slo, capacity: float, window_s
     return "\n".join(out)
 
 
+def overload_admission(model: dict[str, Any], slo: Slo, fair_share: dict[str, Any] | None) -> dict[str, Any]:
+    """sparkgate's admission settings for part 2 (over config/default.yaml's): an operator's for
+    overload, the queue timeout at the TTFT SLO; `fair_share` (--fair-share) over the default's."""
+    ms = model["max_num_seqs"]
+    admission: dict[str, Any] = {
+        "max_queued": 4 * ms,
+        "queue_timeout_s": {"interactive": slo.ttft_s, "batch": slo.ttft_s},
+    }
+    if fair_share is not None:
+        admission["fair_share"] = default_config().get("admission", {}).get("fair_share", {}) | fair_share
+    return admission
+
+
+@contextlib.contextmanager
+def sparkgate_overload(model: dict[str, Any], admission: dict[str, Any], slo: Slo, tmp: Path) -> Iterator[Http]:
+    """A `sparkgate serve` with part 2's settings, as a target."""
+    port = free_port()
+    cfg_path = tmp / "sparkgate-overload.yaml"
+    cfg_path.write_text(yaml.safe_dump(sparkgate_config(model, port, admission, slo)))
+    log(f"sparkgate: starting the overload instance (`--config {cfg_path}`)")
+    with launch(cfg_path, tmp / "sparkgate-overload.log", port) as gw:
+        yield Http("sparkgate", port, (gw.pid,), model["name"], {"heavy": KEY, "light": LIGHT_KEY})
+
+
+def print_overload(runs: list[OverloadRun], slo: Slo, capacity: float, window_s: float) -> bool:
+    """Part 2's tables; True if a request got no HTTP answer at all (the measurement failing: a
+    system's own error answers under overload, a proxy's 500, are its behaviour, in its row)."""
+    print("## Part 2: overload (4x capacity, a heavy and a light user)\n", flush=True)
+    print(report_overload(runs, slo, capacity, window_s), flush=True)
+    bad_runs = [(r.system, x) for r in runs for x in r.results if x.status == 0]
+    for system, x in bad_runs[:5]:
+        log(f"ERRORS: overload {system}: status {x.status}, {x.tokens} tokens, {x.error}")
+    return bool(bad_runs)
+
+
+async def overload_only(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bool]:
+    """Part 2 for sparkgate alone on a full run's capacity and SLO (`--overload-only`): to
+    compare its settings (`--fair-share`) without the sweep."""
+    capacity, ttft_s, tpot_s = args.overload_only
+    model, slo = engine_model(), Slo(ttft_s=ttft_s, tpot_s=tpot_s)
+    admission = overload_admission(model, slo, args.fair_share)
+    results: dict[str, Any] = {"model": model, "loadavg_start": os.getloadavg()}
+    with sparkgate_overload(model, admission, slo, tmp) as target:
+        try:
+            runs = await overload([target], capacity, args.window)
+        finally:
+            await target.close()
+    results["overload"] = {
+        "capacity_rps": capacity,
+        "slo": asdict(slo),
+        "sparkgate_admission": admission,
+        "runs": [{**asdict(r)} for r in runs],
+    }
+    failed = print_overload(runs, slo, capacity, args.window)
+    results["loadavg_end"] = os.getloadavg()
+    return results, failed
+
+
+def overload_figures(text: str) -> tuple[float, float, float]:
+    try:
+        capacity, ttft_s, tpot_s = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected CAPACITY_RPS,TTFT_S,TPOT_S, e.g. 6.0,0.5,0.0458") from None
+    return capacity, ttft_s, tpot_s
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 
@@ -788,18 +862,12 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
             log("direct: shutting the engine down")
             await direct.engine.shutdown()
         over: list[Http] = []
-        ms = model["max_num_seqs"]
-        admission = {"max_queued": 4 * ms, "queue_timeout_s": {"interactive": slo.ttft_s, "batch": slo.ttft_s}}
+        admission = overload_admission(model, slo, args.fair_share)
         if "sparkgate" in systems:
             # The sweep's gateway makes way for one with overload settings (its engine too: the same settings).
             for old in [t for t in targets if t.name == "sparkgate"]:
                 targets.remove(old)
-            port = free_port()
-            cfg_path = tmp / "sparkgate-overload.yaml"
-            cfg_path.write_text(yaml.safe_dump(sparkgate_config(model, port, admission, slo)))
-            log(f"sparkgate: starting the overload instance (`--config {cfg_path}`)")
-            gw = stack.enter_context(launch(cfg_path, tmp / "sparkgate-overload.log", port))
-            over.append(Http("sparkgate", port, (gw.pid,), name, {"heavy": KEY, "light": LIGHT_KEY}))
+            over.append(stack.enter_context(sparkgate_overload(model, admission, slo, tmp)))
         if "vllm" in systems:
             over.append(Http("vllm", vllm_port, (vllm_pid,), name, {"heavy": KEY}))
         if "litellm" in systems:
@@ -819,14 +887,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
             "sparkgate_admission": admission,
             "runs": [{**asdict(r)} for r in runs],
         }
-        print("## Part 2: overload (4x capacity, a heavy and a light user)\n", flush=True)
-        print(report_overload(runs, slo, capacity, args.window), flush=True)
-        # Under overload a system's own error answers (a proxy's 500) are its behaviour, shown in the table;
-        # a request that got no HTTP answer at all is the measurement failing.
-        bad_runs = [(r.system, x) for r in runs for x in r.results if x.status == 0]
-        for system, x in bad_runs[:5]:
-            log(f"ERRORS: overload {system}: status {x.status}, {x.tokens} tokens, {x.error}")
-        failed |= bool(bad_runs)
+        failed |= print_overload(runs, slo, capacity, args.window)
     results["loadavg_end"] = os.getloadavg()
     return results, failed
 
@@ -839,6 +900,18 @@ def main() -> None:
     ap.add_argument("--window", type=float, help="overload arrival window, seconds (default 30; --quick 8)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="a subset of " + ",".join(SYSTEMS))
     ap.add_argument("--skip-overload", action="store_true")
+    ap.add_argument(
+        "--overload-only",
+        type=overload_figures,
+        metavar="CAPACITY_RPS,TTFT_S,TPOT_S",
+        help="part 2 for sparkgate alone, on the capacity and SLO a full run printed",
+    )
+    ap.add_argument(
+        "--fair-share",
+        type=json.loads,
+        metavar="JSON",
+        help="part 2's admission.fair_share over config/default.yaml's, e.g. '{\"idle_s\": 3}'",
+    )
     ap.add_argument("--out", type=Path, help="write the raw results (JSON) here")
     args = ap.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -849,7 +922,8 @@ def main() -> None:
     t0 = time.perf_counter()
     log(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="sparkgate-vs-vllm-") as tmp:
-        results, failed = asyncio.run(amain(args, Path(tmp)))
+        run = overload_only if args.overload_only else amain
+        results, failed = asyncio.run(run(args, Path(tmp)))
     log(
         f"done in {time.perf_counter() - t0:.0f} s; load average {results['loadavg_start']} -> {results['loadavg_end']}"
     )
