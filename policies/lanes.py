@@ -162,6 +162,9 @@ class Lane:
     # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
     # that prompts take, which requests decoding here will also wait through.
     prefills: deque[tuple[float, float]] = field(default_factory=deque)
+    # Their sum, kept as they come and go: the window holds every request of the last minute,
+    # thousands at a few hundred a second, and routing reads the share for every request.
+    prefills_s: float = 0.0
     # When this engine had requests: closed (start, end) spans and the open one's start.
     # A box-mate's prefill progresses at half speed while this one is busy.
     busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
@@ -337,8 +340,15 @@ class Lane:
         """Share of the last PREFILL_WINDOW_S spent prefilling prompts routed here (capped)."""
         now = self.clock()
         while self.prefills and self.prefills[0][0] < now - PREFILL_WINDOW_S:
-            self.prefills.popleft()
-        return min(MAX_PREFILL_SHARE, sum(s for _, s in self.prefills) / PREFILL_WINDOW_S)
+            self.prefills_s -= self.prefills.popleft()[1]
+        if not self.prefills:
+            self.prefills_s = 0.0  # no rounding error carried on
+        return min(MAX_PREFILL_SHARE, max(0.0, self.prefills_s) / PREFILL_WINDOW_S)
+
+    def prefilling_for(self, seconds: float) -> None:
+        """A request routed here now will prefill for about `seconds` (`prefill_share`)."""
+        self.prefills.append((self.clock(), seconds))
+        self.prefills_s += seconds
 
     def step_s(self, concurrency: int, context_tokens: int) -> float:
         return self.latency.predict(prompt_tokens=1, concurrency=concurrency, context_tokens=context_tokens).tpot_s

@@ -284,7 +284,7 @@ class LoadModel:
         lane = self.lanes[model]
         keys = lane.keys(prompt_ids, salt)
         now = lane.clock()
-        lane.prefills.append((now, lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys))))
+        lane.prefilling_for(lane.prefill_s(len(prompt_ids) - lane.cached_tokens(keys)))
         flight = Flight(
             lane,
             len(prompt_ids),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from policies.lanes import BUSY_HISTORY_S, LaneSpec
+from policies.lanes import BUSY_HISTORY_S, MAX_PREFILL_SHARE, PREFILL_WINDOW_S, LaneSpec
 from policies.latency import Prediction, Profile
 from policies.load import LoadModel, RouteInfo, RouteQuery
 from policies.routing import NoRoute, Slo
@@ -158,6 +158,24 @@ def test_a_flight_finishes_once_and_old_busy_spans_are_dropped() -> None:
     clock.now += 1.0
     g.finish()
     assert list(a.busy_spans) == [(BUSY_HISTORY_S + 10.0, BUSY_HISTORY_S + 11.0)]
+
+
+def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    one = a.prefill_s(6_000)
+    for _ in range(3):
+        model.fly("a", range(6_000), 10)
+        clock.now += 10.0
+    assert a.prefill_share() == pytest.approx(3 * one / PREFILL_WINDOW_S)
+    clock.now = PREFILL_WINDOW_S + 15.0  # the first two have left the window
+    assert a.prefill_share() == pytest.approx(one / PREFILL_WINDOW_S)
+    clock.now += PREFILL_WINDOW_S
+    assert a.prefill_share() == 0.0 and a.prefills_s == 0.0
+    for _ in range(200):  # capped: the engine still decodes between prompts
+        model.fly("a", range(6_000), 10)
+    assert a.prefill_share() == MAX_PREFILL_SHARE
 
 
 def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
