@@ -470,10 +470,15 @@ class FairShareSettings(_Model):
     reserve_slots: int = Field(DEFAULT_RESERVE_SLOTS, ge=1)  # running sequences owed to each active user
     idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=3600)  # a user stays active this long after its last request
     max_share: float = Field(1.0, gt=0, le=1)  # of the slots, for one user while others are active
+    newcomer_s: float = Field(0.0, ge=0, le=86400)  # room for one more user kept this long after a user's last request
 
     def policy(self) -> FairShare:
         return FairShare(
-            enabled=self.enabled, reserve_slots=self.reserve_slots, idle_s=self.idle_s, max_share=self.max_share
+            enabled=self.enabled,
+            reserve_slots=self.reserve_slots,
+            idle_s=self.idle_s,
+            max_share=self.max_share,
+            newcomer_s=self.newcomer_s,
         )
 
 

@@ -17,10 +17,16 @@ the users who run little, so they start at once:
   (running and waiting) is not the flood: the cap spares it, else a light user with a few
   requests in flight would wait for its own beside a capped flood.
 
+- a user whose last request ended less than `newcomer_s` ago is likely back soon (a person
+  reading an answer before the next question): while one is idle, room for one more
+  user's `reserve_slots` is kept free, so its next request starts at once instead of
+  waiting for one of a flood's long requests to end.
+
 A lone user is owed nothing by anyone else, so it gets every slot (work-conserving); as
 more users become active, what a flood may hold shrinks by what they are owed. Room is
 left idle only while an active user is owed it and has not claimed it, at most `idle_s`
-after that user's last request.
+after that user's last request, and one newcomer's room for `newcomer_s` after another
+user's last request.
 
 Pure: `now` comes in as a value (seconds on the caller's clock); the caller re-runs
 admission at `next_expiry()`, when owed room falls free.
@@ -46,6 +52,8 @@ class FairShare:
     # While others are active, a user runs at most this share of the slots (never less than
     # `reserve_slots`): fewer sequences beside a light user's make the engine's steps shorter.
     max_share: float = 1.0
+    # After a user's last request, room for one newcomer is kept this long (0: none).
+    newcomer_s: float = 0.0
 
 
 OFF = FairShare(enabled=False)
@@ -75,6 +83,11 @@ class Shares:
         self._owed_slots = 0
         self._owed_blocks = 0
         self._expiries: list[tuple[float, str]] = []  # (until, user); stale items are skipped
+        # Users expected back (their last job's end + newcomer_s), and how many of them are
+        # not active now: while any is, room for one newcomer is kept.
+        self._known: dict[str, float] = {}
+        self._known_expiries: list[tuple[float, str]] = []  # (until, user); stale items are skipped
+        self._known_idle = 0
 
     # -- events ----------------------------------------------------------------
 
@@ -102,7 +115,8 @@ class Shares:
         self._idle_if_done(user, u, now)
 
     def expire(self, now: float) -> bool:
-        """Drop the users idle for `idle_s` by `now`; True if what is owed shrank."""
+        """Drop the users idle for `idle_s` by `now`, and the newcomers' room of those gone
+        `newcomer_s`; True if what is owed shrank."""
         changed = False
         while self._expiries and self._expiries[0][0] <= now:
             until, user = heapq.heappop(self._expiries)
@@ -111,7 +125,16 @@ class Shares:
                 continue  # stale: it became busy again, or went idle again later
             self._set_owed(u, 0, 0)
             del self._users[user]
+            self._known_idle += user in self._known
             changed = True
+        while self._known_expiries and self._known_expiries[0][0] <= now:
+            until, user = heapq.heappop(self._known_expiries)
+            if self._known.get(user) != until:
+                continue  # stale: it went idle again later
+            del self._known[user]
+            if user not in self._users:
+                self._known_idle -= 1
+                changed = True
         return changed
 
     # -- questions -------------------------------------------------------------
@@ -128,8 +151,9 @@ class Shares:
         assert u is not None  # (it runs something)
         if len(self._users) > 1 and running + sequences > self._share_cap and not self._lightest(u):
             return False
-        others_slots = self._owed_slots - u.owed_slots
-        others_blocks = self._owed_blocks - u.owed_blocks
+        newcomer_slots, newcomer_blocks = self._newcomer()
+        others_slots = self._owed_slots - u.owed_slots + newcomer_slots
+        others_blocks = self._owed_blocks - u.owed_blocks + newcomer_blocks
         return free_slots - sequences >= others_slots and free_blocks - blocks >= others_blocks
 
     def next_expiry(self) -> float | None:
@@ -140,17 +164,23 @@ class Shares:
             until, user = self._expiries[0]
             u = self._users.get(user)
             if u is not None and u.until == until:
-                return until
+                break
             heapq.heappop(self._expiries)  # stale
-        return None
+        while self._known_expiries:
+            until, user = self._known_expiries[0]
+            if self._known.get(user) == until:
+                break
+            heapq.heappop(self._known_expiries)  # stale
+        return min((h[0][0] for h in (self._expiries, self._known_expiries) if h), default=None)
 
     def active(self) -> int:
         """Users active now (idle ones count until `expire` drops them)."""
         return len(self._users)
 
     def owed(self) -> tuple[int, int]:
-        """(slots, blocks) owed to active users and not yet claimed."""
-        return self._owed_slots, self._owed_blocks
+        """(slots, blocks) owed to active users and not yet claimed, and kept for a newcomer."""
+        slots, blocks = self._newcomer()
+        return self._owed_slots + slots, self._owed_blocks + blocks
 
     # -- internals -------------------------------------------------------------
 
@@ -160,16 +190,27 @@ class Shares:
         mine = u.sequences + u.waiting
         return all(o is u or mine < o.sequences + o.waiting for o in self._users.values())
 
+    def _newcomer(self) -> tuple[int, int]:
+        """(slots, blocks) kept for a newcomer: while a user expected back is idle."""
+        if not self._known_idle:
+            return 0, 0
+        return self.policy.reserve_slots, self.policy.reserve_slots * self._block_cap
+
     def _user(self, user: str) -> _User:
         u = self._users.get(user)
         if u is None:
             u = self._users[user] = _User()
+            self._known_idle -= user in self._known  # back: owed its own room now
         return u
 
     def _idle_if_done(self, user: str, u: _User, now: float) -> None:
         if not (u.jobs or u.waiting):
             u.until = now + self.policy.idle_s
             heapq.heappush(self._expiries, (u.until, user))
+            if self.policy.newcomer_s > 0:
+                until = now + max(self.policy.newcomer_s, self.policy.idle_s)
+                self._known[user] = until
+                heapq.heappush(self._known_expiries, (until, user))
         self._update(u)
 
     def _update(self, u: _User) -> None:

@@ -271,3 +271,52 @@ def test_any_event_after_the_grace_admits_who_the_freed_room_fits() -> None:
     a, waiting = _held_for_light()
     # Cancelled as the room fell free: it was admitted first (the shell gives it back).
     assert a.cancel(waiting.id, 5.0) == [Admit(waiting.id, 1, 0)]
+
+
+# -- room for a newcomer ------------------------------------------------------------
+
+NEWCOMER = FairShare(newcomer_s=30.0)  # one slot owed, 1 s of idle grace, 30 s of newcomer room
+
+
+def test_a_user_expected_back_finds_a_slot_free_beside_a_flood() -> None:
+    a = make(slots=2, fair=NEWCOMER)
+    light = demand("light")
+    a.offer(light, 0.0)
+    a.release(light.id, 0.0)  # light reads the answer: idle, expected back until 30
+    (_, first), (waiting, second) = flood(a, "heavy", 2, now=5.0)  # light's own room lapsed at 1
+    assert isinstance(first, Admit) and isinstance(second, Queue)  # a slot kept for a newcomer
+    assert a.snapshot("m").owed_slots == 1 and a.next_expiry() == 30.0
+    back = demand("light")
+    assert isinstance(a.offer(back, 20.0)[0], Admit)  # its next question starts at once
+    a.release(back.id, 21.0)  # expected back until 51 now
+    assert a.expire(22.0) == []  # light's grace ended at 22: the newcomer room holds
+    assert a.next_expiry() == 51.0
+    assert [x.id for x in a.expire(51.0)] == [waiting.id]  # nobody came: the flood takes it
+
+
+def test_a_lone_user_still_gets_every_slot_and_a_stale_expiry_is_skipped() -> None:
+    a = make(slots=2, fair=NEWCOMER)
+    for now in (0.0, 10.0):  # bursts with pauses: it is never its own newcomer
+        (d1, r1), (d2, r2) = flood(a, "heavy", 2, now=now)
+        assert isinstance(r1, Admit) and isinstance(r2, Admit)
+        a.release(d1.id, now + 1.0)
+        a.release(d2.id, now + 1.0)
+    assert a.next_expiry() == 12.0  # the first burst's items are stale: skipped
+    assert a.expire(100.0) == [] and a.next_expiry() is None
+    s = Shares(FairShare(newcomer_s=1.0, idle_s=1.0), slots=2, blocks=20)  # both lapse together
+    s.queued("x", 1, 1)
+    s.unqueued("x", 0.0)
+    assert s.expire(1.0) and s.owed() == (0, 0)
+
+
+def test_newcomer_room_lapses_with_the_last_time_a_user_was_seen() -> None:
+    s = Shares(FairShare(newcomer_s=5.0), slots=2, blocks=20)
+    s.queued("x", 1, 1)
+    s.unqueued("x", 0.0)  # idle: active until 1, expected back until 5
+    s.queued("x", 1, 1)  # busy again before either
+    assert not s.expire(6.0) and s.owed() == (1, 1)  # expected back lapsed while active: its own room stays
+    s.unqueued("x", 6.0)
+    s.queued("x", 1, 1)
+    s.unqueued("x", 8.0)  # expected back until 13; the entry until 11 is stale
+    assert s.expire(10.0) and s.owed() == (1, 10)  # no longer active, still expected: a slot's share kept
+    assert s.expire(20.0) and s.owed() == (0, 0) and s.next_expiry() is None

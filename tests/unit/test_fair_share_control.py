@@ -72,8 +72,13 @@ def test_without_a_loop_the_next_event_expires_it() -> None:
 def test_settings_default_on_and_validated() -> None:
     a = AdmissionSettings()
     assert a.fair_share.enabled and a.fair_share.policy() == FairShare()
-    off = AdmissionSettings(fair_share={"enabled": False, "reserve_slots": 2, "idle_s": 0, "max_share": 0.5})
-    assert off.fair_share.policy() == FairShare(enabled=False, reserve_slots=2, idle_s=0.0, max_share=0.5)
-    for bad in ({"reserve_slots": 0}, {"idle_s": -1}, {"max_share": 0}, {"max_share": 1.5}, {"nope": 1}):
+    off = AdmissionSettings(
+        fair_share={"enabled": False, "reserve_slots": 2, "idle_s": 0, "max_share": 0.5, "newcomer_s": 60}
+    )
+    assert off.fair_share.policy() == FairShare(
+        enabled=False, reserve_slots=2, idle_s=0.0, max_share=0.5, newcomer_s=60.0
+    )
+    bads = ({"reserve_slots": 0}, {"idle_s": -1}, {"max_share": 0}, {"max_share": 1.5}, {"newcomer_s": -1}, {"nope": 1})
+    for bad in bads:
         with pytest.raises(pydantic.ValidationError):
             FairShareSettings(**bad)  # type: ignore[arg-type]
