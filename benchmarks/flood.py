@@ -4,6 +4,8 @@ share off and on (issue 19), in one run.
 Run from the repository root (the model must exist: `make models`):
 
     .venv/bin/python benchmarks/flood.py [--quick] [--out results.json]
+    # a light user who reads each answer for 3 s, with and without room for a newcomer:
+    .venv/bin/python benchmarks/flood.py --quick --think 3 --newcomer-s 0
 
 For each setting of `admission.fair_share.enabled` (off, then on), `sparkgate serve` runs
 config/default.yaml as it is (the tiny dense model, max_num_seqs 8, the default quotas: 16
@@ -131,8 +133,10 @@ class Client:
                 tokens = chunk.usage.completion_tokens
         return first, tokens
 
-    async def light(self, phase: Phase, n: int, rng: random.Random) -> None:
-        for _ in range(n):
+    async def light(self, phase: Phase, n: int, rng: random.Random, think_s: float = 0.0) -> None:
+        for i in range(n):
+            if i and think_s:
+                await asyncio.sleep(think_s)  # a person reading the answer
             ttft, _ = await self.stream("light", prompt(rng, LIGHT_PROMPT), LIGHT_MAX_TOKENS)
             assert ttft is not None
             phase.light_ttft_s.append(ttft)
@@ -167,7 +171,9 @@ class Client:
         await self.http.aclose()
 
 
-async def run_one(base_url: str, model: str, name: str, n_light: int, heavy_s: float, rounds: int) -> dict[str, Phase]:
+async def run_one(
+    base_url: str, model: str, name: str, n_light: int, heavy_s: float, rounds: int, think_s: float
+) -> dict[str, Phase]:
     c = Client(base_url, model)
     rng = random.Random(SEED)
     out = {"alone": Phase(), "heavy alone": Phase(), "beside": Phase()}
@@ -177,10 +183,10 @@ async def run_one(base_url: str, model: str, name: str, n_light: int, heavy_s: f
         # Alone and beside alternate, `rounds` times: the host's noise comes and goes.
         for _ in range(rounds):
             t0 = time.perf_counter()
-            await c.light(out["alone"], n_light // rounds, rng)
+            await c.light(out["alone"], n_light // rounds, rng, think_s)
             out["alone"].wall_s += time.perf_counter() - t0
             # Beside the flood right after: the light user is active (its last request just ended).
-            await flood_phase(c, out["beside"], rng, lambda p: c.light(p, n_light // rounds, rng))
+            await flood_phase(c, out["beside"], rng, lambda p: c.light(p, n_light // rounds, rng, think_s))
         # The heavy user alone, after the light user's idle grace.
         await flood_phase(c, out["heavy alone"], rng, lambda _: asyncio.sleep(heavy_s))
         for step, phase in out.items():
@@ -222,13 +228,13 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))] if s else math.nan
 
 
-def report(results: dict[str, dict[str, Phase]], n_light: int, heavy_s: float, rounds: int) -> str:
+def report(results: dict[str, dict[str, Phase]], n_light: int, heavy_s: float, rounds: int, think_s: float) -> str:
     out = ["## Flood: a light user's TTFT alone vs. beside a flood, fair share off and on", ""]
     out.append(
         f"config/default.yaml (tiny-qwen3 dense, random weights, max_num_seqs 8, 64 MiB KV, 16 in flight per key). "
         f"Heavy user: {FLOOD} streams in flight, {HEAVY_PROMPT} prompt + {HEAVY_MAX_TOKENS} output tokens "
         f"(ignore_eos), a 429 retried after its Retry-After. Light user: {n_light} streams one at a time "
-        f"({rounds} rounds of alone then beside), "
+        f"({rounds} rounds of alone then beside{f', {think_s:g} s apart' if think_s else ''}), "
         f"{LIGHT_PROMPT} prompt + {LIGHT_MAX_TOKENS} output tokens. TTFT on the client (openai SDK). "
         f"Heavy alone: {heavy_s:g} s of the flood with nobody else; running = the pool's running sequences "
         "sampled every 0.1 s."
@@ -279,22 +285,27 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer light requests, a shorter heavy window")
     ap.add_argument("--out", type=Path, help="write the raw results (JSON) here")
     ap.add_argument("--max-share", type=float, nargs="*", default=[], help="also run fair share with these max_share")
+    ap.add_argument("--newcomer-s", type=float, nargs="*", default=[], help="also run fair share with these newcomer_s")
+    ap.add_argument("--think", type=float, default=0.0, help="seconds the light user waits between its requests")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     runtime_env.configure(ROOT / ".cache")
     n_light, heavy_s, rounds = (10, 5.0, 2) if args.quick else (40, 10.0, 4)
-    share = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())["admission"]["fair_share"]["max_share"]
-    variants: dict[str, dict[str, Any]] = {"off": {"enabled": False}, f"on, max_share {share:g} (default.yaml)": {}}
+    fair = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())["admission"]["fair_share"]
+    default = f"on, max_share {fair['max_share']:g}, newcomer_s {fair.get('newcomer_s', 0):g} (default.yaml)"
+    variants: dict[str, dict[str, Any]] = {"off": {"enabled": False}, default: {}}
     for share in args.max_share:
         variants[f"on, max_share {share:g}"] = {"max_share": share}
+    for newcomer in args.newcomer_s:
+        variants[f"on, newcomer_s {newcomer:g}"] = {"newcomer_s": newcomer}
     results: dict[str, dict[str, Phase]] = {}
     with tempfile.TemporaryDirectory(prefix="sparkgate-flood-") as tmp:
         for i, (name, fair) in enumerate(variants.items()):
             path, port, model = config(Path(tmp), fair)
             with launch(path, Path(tmp) / f"gateway-{i}.log", port) as gw:
                 log(f"fair share {name}: gateway up")
-                results[name] = asyncio.run(run_one(gw.base_url, model, name, n_light, heavy_s, rounds))
-    print(report(results, n_light, heavy_s, rounds), flush=True)
+                results[name] = asyncio.run(run_one(gw.base_url, model, name, n_light, heavy_s, rounds, args.think))
+    print(report(results, n_light, heavy_s, rounds, args.think), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({k: {p: asdict(v) for p, v in r.items()} for k, r in results.items()}))
 
