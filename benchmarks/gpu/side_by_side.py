@@ -840,10 +840,24 @@ def hop_report(parts: list[dict[str, Any]]) -> str:
         cells += [med(h) for h in HOPS] + [f"{ttft:.2f}", f"{statistics.fmean(gcs):.2f}"]
         out.append("| " + " | ".join(cells) + " |")
 
+    def value(e: dict[str, Any], metric: str) -> float | None:
+        """A request's TTFT, the time to one of its hops, or one of TTFT's three parts: the time
+        to vLLM's add_request ("to engine"), from there to the first output ("engine": the same
+        work on every path), and from the first output to the client's first text ("after")."""
+        hops = e.get("hops_ms", {})
+        if metric == "client TTFT":
+            return float(e["ttft_ms"])
+        if metric == "engine":
+            return hops["first_out"] - hops["add_in"] if "first_out" in hops and "add_in" in hops else None
+        if metric == "after":
+            return e["ttft_ms"] - hops["first_out"] if "first_out" in hops else None
+        x = hops.get("add_in" if metric == "to engine" else metric)
+        return None if x is None else float(x)
+
     def per_rep(row: dict[str, Any], metric: str) -> dict[str, float]:
         got = {}
         for e in row["each"]:
-            x = e["ttft_ms"] if metric == "client TTFT" else e.get("hops_ms", {}).get(metric)
+            x = value(e, metric)
             if x is not None and e["rid"]:
                 got[e["rid"].split("-")[3]] = x  # path-len-conc-REP-i
         return got
@@ -855,7 +869,7 @@ def hop_report(parts: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for shape, length in sorted({(k[0], k[1]) for k in by}):
-        for metric in ("client TTFT", "first_out", "add_in"):
+        for metric in ("client TTFT", "to engine", "engine", "after"):
             series = {
                 p: per_rep(by[(shape, length, p)], metric)
                 for p in ("direct", "http_floor", "sparkgate")
