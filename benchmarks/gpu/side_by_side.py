@@ -23,10 +23,15 @@ output tokens (`ignore_eos`), greedy:
 
 Each part writes OUT/side_by_side_SHAPE_PART.json after every case (a part cut short keeps what
 it measured). `--table` merges parts and prints output tok/s and TTFT as ratios to direct.
-`--profile` adds one more sparkgate case (2K, c=8) under py-spy (`--nonblocking`), written as
-collapsed stacks to OUT/pyspy_SHAPE.txt. HTTP requests carry an `x-request-id` naming their case, so
-the gateway's request log gives its own TTFT (from its outermost middleware to the engine's first
-output) per case: the sparkgate rows' `gateway_ttft_p50_ms`.
+`--profile` first runs `--profile-case` (sparkgate, default 2K c=8, 3 batches) under py-spy
+(`--nonblocking`, every thread), written as collapsed stacks to OUT/pyspy_SHAPE[_TAG].txt. HTTP
+requests carry an `x-request-id` naming their case, so the gateway's request log gives its own TTFT
+(from its outermost middleware to the engine's first output) per case: the sparkgate rows'
+`gateway_ttft_p50_ms`. Every request also carries its hop trace (`each[].hops_ms`, ms from the
+client's send: uvicorn handing over headers and body, prepare, admission, vLLM's add_request, the
+first output, the first text sent) and the GC pauses in it; `--table` prints the hops and, for
+c=1, TTFT split into the time to vLLM, the engine's part and the part after, per path and as
+per-repetition differences with bootstrap 95% intervals.
 
 The model dirs hold the Qwen3 tokenizer (the Qwen3.6 one is not here), so `vocab_size` is set to
 its 151,936 ids: every sampled id then decodes, on every path alike (the head is 4% of the
