@@ -23,10 +23,15 @@ output tokens (`ignore_eos`), greedy:
 
 Each part writes OUT/side_by_side_SHAPE_PART.json after every case (a part cut short keeps what
 it measured). `--table` merges parts and prints output tok/s and TTFT as ratios to direct.
-`--profile` adds one more sparkgate case (2K, c=8) under py-spy (`--nonblocking`), written as
-collapsed stacks to OUT/pyspy_SHAPE.txt. HTTP requests carry an `x-request-id` naming their case, so
-the gateway's request log gives its own TTFT (from its outermost middleware to the engine's first
-output) per case: the sparkgate rows' `gateway_ttft_p50_ms`.
+`--profile` first runs `--profile-case` (sparkgate, default 2K c=8, 3 batches) under py-spy
+(`--nonblocking`, every thread), written as collapsed stacks to OUT/pyspy_SHAPE[_TAG].txt. HTTP
+requests carry an `x-request-id` naming their case, so the gateway's request log gives its own TTFT
+(from its outermost middleware to the engine's first output) per case: the sparkgate rows'
+`gateway_ttft_p50_ms`. Every request also carries its hop trace (`each[].hops_ms`, ms from the
+client's send: uvicorn handing over headers and body, prepare, admission, vLLM's add_request, the
+first output, the first text sent) and the GC pauses in it; `--table` prints the hops and, for
+c=1, TTFT split into the time to vLLM, the engine's part and the part after, per path and as
+per-repetition differences with bootstrap 95% intervals.
 
 The model dirs hold the Qwen3 tokenizer (the Qwen3.6 one is not here), so `vocab_size` is set to
 its 151,936 ids: every sampled id then decodes, on every path alike (the head is 4% of the
@@ -38,6 +43,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
+import gc
 import json
 import lzma
 import os
@@ -76,7 +83,7 @@ def engine_settings(shape: str) -> dict[str, Any]:
     """The engine arguments every path shares (what config/dgx-spark.yaml sets, 8 slots)."""
     if shape == "cpu-tiny":
         return {
-            "max_model_len": 4096,
+            "max_model_len": 32768,  # the tiny model's positions: a ~32K prompt's gateway hops on CPU
             "max_num_seqs": 8,
             "max_num_batched_tokens": 4096,
             "kv_cache_memory_bytes": 512 * 1024**2,
@@ -154,10 +161,122 @@ def summarize(reqs: list[dict[str, Any]], walls: list[float], tokens: list[int])
         "output_tokens": sum(tokens),
         "wall_s": [round(w, 3) for w in walls],
         "ttft_ms": [round(1000 * t, 1) for t in ttfts],  # every request's, sorted: p50s of a few are noisy
+        # every request in the order sent (rep by rep), with its hops where traced
+        "each": [
+            {"rid": r.get("rid"), "ttft_ms": round(1000 * r["ttft_s"], 3)}
+            | {k: r[k] for k in ("hops_ms", "gc_ms", "gc_gen") if k in r}
+            for r in reqs
+        ],
     }
 
 
 # --------------------------------------------------------------------------- in the gateway process
+
+# Hop trace: every request's milestones in the gateway process, as perf_counter times (CLOCK_MONOTONIC,
+# one clock for every process of the host, so they compare with the client's send time). Tagged with
+# the request's x-request-id (the direct path: its request id) through a context variable that the
+# tasks a request starts inherit. A few microseconds a request, on every path alike.
+TRACE_TAG: contextvars.ContextVar[str | None] = contextvars.ContextVar("sbs_trace_tag", default=None)
+TRACE: dict[str, list[tuple[str, float]]] = {}
+GC_PAUSES: list[tuple[float, float, int]] = []  # (start, seconds, generation) of every collection
+
+
+def mark(event: str) -> None:
+    if (tag := TRACE_TAG.get()) is not None:
+        TRACE.setdefault(tag, []).append((event, time.perf_counter()))
+
+
+def traced_asgi(app: Any) -> Any:
+    """The outermost ASGI layer: tags the request and marks `asgi_in` (uvicorn has the headers),
+    `body_in` (the body's last piece handed to the app), `response_start` and `first_send` (the
+    first body piece that carries text: what the client times as its first token)."""
+
+    async def wrapper(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        rid = next((v.decode() for k, v in scope["headers"] if k == b"x-request-id"), None)
+        token = TRACE_TAG.set(rid)
+        mark("asgi_in")
+        sent = False
+
+        async def receive_() -> Any:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                mark("body_in")
+            return message
+
+        async def send_(message: Any) -> None:
+            nonlocal sent
+            if message["type"] == "http.response.start":
+                mark("response_start")
+            elif message["type"] == "http.response.body" and not sent:
+                body = message.get("body", b"")
+                if re.search(rb'"text": ?"[^"]', body):
+                    sent = True
+                    mark("first_send")
+            await send(message)
+
+        try:
+            await app(scope, receive_, send_)
+        finally:
+            TRACE_TAG.reset(token)
+
+    return wrapper
+
+
+def install_trace() -> None:
+    """Mark the gateway's hops (prepare, admission) and vLLM's (add_request, first output)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from gateway import lifecycle
+
+    def around(owner: Any, name: str, before: str, after: str) -> None:
+        inner = getattr(owner, name)
+
+        async def wrapped(*args: Any, **kw: Any) -> Any:
+            mark(before)
+            try:
+                return await inner(*args, **kw)
+            finally:
+                mark(after)
+
+        setattr(owner, name, wrapped)
+
+    around(lifecycle, "prepare_completion", "prepare_in", "prepare_out")  # openai.py calls lifecycle.X
+    around(lifecycle, "start", "admit_in", "admit_out")  # quota hold, routing, admission
+    around(AsyncLLM, "add_request", "add_in", "add_out")  # vLLM's input processing, the send to its core
+    generate = AsyncLLM.generate
+
+    async def generate_marked(self: Any, *args: Any, **kw: Any) -> Any:
+        inner = generate(self, *args, **kw)
+        first = True
+        try:
+            async for out in inner:
+                if first and any(o.token_ids for o in out.outputs):
+                    first = False
+                    mark("first_out")
+                yield out
+        finally:
+            await inner.aclose()
+
+    AsyncLLM.generate = generate_marked  # type: ignore[method-assign]
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            GC_PAUSES.append((started[0], time.perf_counter() - started[0], int(info["generation"])))
+
+    gc.callbacks.append(on_gc)
+
+
+def take_trace() -> dict[str, Any]:
+    out = {"events": dict(TRACE), "gc": list(GC_PAUSES)}
+    TRACE.clear()
+    GC_PAUSES.clear()
+    return out
 
 
 async def direct_request(llm: Any, ids: list[int], rid: str, max_tokens: int) -> dict[str, Any]:
@@ -169,6 +288,7 @@ async def direct_request(llm: Any, ids: list[int], rid: str, max_tokens: int) ->
     params = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
+    TRACE_TAG.set(rid)  # this request's own task (gather): the tag stays in it
     t0 = time.perf_counter()
     first = None
     n = 0
@@ -177,7 +297,7 @@ async def direct_request(llm: Any, ids: list[int], rid: str, max_tokens: int) ->
         if k and first is None:
             first = time.perf_counter()
         n += k
-    return finish(t0, first, time.perf_counter(), n)
+    return finish(t0, first, time.perf_counter(), n, rid)
 
 
 async def adapter_request(engine: Any, ids: list[int], rid: str, max_tokens: int) -> dict[str, Any]:
@@ -189,6 +309,7 @@ async def adapter_request(engine: Any, ids: list[int], rid: str, max_tokens: int
         prompt_token_ids=tuple(ids),
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
+    TRACE_TAG.set(rid)
     t0 = time.perf_counter()
     first = None
     n = 0
@@ -197,15 +318,17 @@ async def adapter_request(engine: Any, ids: list[int], rid: str, max_tokens: int
         if k and first is None:
             first = time.perf_counter()
         n += k
-    return finish(t0, first, time.perf_counter(), n)
+    return finish(t0, first, time.perf_counter(), n, rid)
 
 
-def finish(t0: float, first: float | None, end: float, n: int) -> dict[str, Any]:
+def finish(t0: float, first: float | None, end: float, n: int, rid: str | None = None) -> dict[str, Any]:
     first = end if first is None else first
     return {
         "ttft_s": first - t0,
         "tokens": n,
         "decode_tok_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+        "rid": rid,
+        "t0": t0,  # perf_counter when the request was sent: the trace's events are timed from it
     }
 
 
@@ -247,11 +370,14 @@ def floor_app(engines: list[Any]) -> Any:
 
 
 def serve_gateway(settings_path: str) -> None:
-    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/run for the in-process paths
-    and POST /bench/floor, which starts the HTTP floor on the same loop and engine."""
+    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/run for the in-process paths,
+    POST /bench/floor, which starts the HTTP floor on the same loop and engine, and POST
+    /bench/trace, which hands over (and clears) the hop trace and the GC pauses."""
     sys.path.insert(0, str(ROOT))
     import uvicorn
     from fastapi import Body
+
+    install_trace()
 
     from gateway import cli
     from gateway.app import create_app, vllm_engine
@@ -288,7 +414,8 @@ def serve_gateway(settings_path: str) -> None:
     async def bench_floor(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
         if not floors:
             # log_config None: leave the gateway's logging as it configured it
-            config = uvicorn.Config(floor_app(engines), host="127.0.0.1", port=body["port"], log_config=None)
+            app = traced_asgi(floor_app(engines))
+            config = uvicorn.Config(app, host="127.0.0.1", port=body["port"], log_config=None)
             server = FloorServer(config)
             floors.append(asyncio.get_running_loop().create_task(server.serve()))
             while not server.started:
@@ -299,7 +426,8 @@ def serve_gateway(settings_path: str) -> None:
         app = create_app(s, engine_factory=factory, drain=drain)
         app.add_api_route("/bench/run", bench_run, methods=["POST"])
         app.add_api_route("/bench/floor", bench_floor, methods=["POST"])
-        return app
+        app.add_api_route("/bench/trace", take_trace, methods=["POST"])
+        return traced_asgi(app)
 
     cli._run(settings, app_factory, None, None)
 
@@ -367,7 +495,7 @@ async def http_post(
                         if first is None:
                             first = time.perf_counter()
         n = usage["completion_tokens"] if usage else events
-        return finish(t0, first, time.perf_counter(), n)
+        return finish(t0, first, time.perf_counter(), n, rid)
     finally:
         writer.close()
 
@@ -525,12 +653,19 @@ def run_part(a: argparse.Namespace) -> int:
             for path in paths:  # warm-up: every path's code and the prefill/decode kernels at c=8
                 # every concurrency once: a new batch shape may compile or tune kernels on first use
                 # (the 35B-A3B's fused MoE has no tuned table for the H200), which must not land on one path
-                for length, conc in ((longest, 1), *((min(lens), c) for c in concs)):
+                # and every measured length once (its first prefill may still JIT a kernel)
+                warm = {(longest, 1), *((x, 1) for x in lens), *((min(lens), c) for c in concs)}
+                for length, conc in sorted(warm):
                     await one(path if path != "adapter" else "direct", length, conc, -1)
             result["warmup_s"] = round(time.monotonic() - t, 1)
             print(f"[{shape}/{a.part}] warm-up {result['warmup_s']} s", flush=True)
             if a.profile and a.part == "gateway":  # first, so a run cut short by its time limit still has it
-                await profile(a.out / f"pyspy_{shape}.txt", proc.pid, lambda: one("sparkgate", 2048, 8, 99))
+                case, times = a.profile_case.split(":")
+                plen, pconc = (int(x) for x in case.split("x"))
+                dest = a.out / f"pyspy_{shape}{'_' + a.tag if a.tag else ''}.txt"
+                await profile(dest, proc.pid, lambda: one("sparkgate", plen, pconc, 99), int(times), a.profile_rate)
+            if a.part == "gateway":
+                await http_post(port, "/bench/trace", {}, API_KEY, False)  # the warm-up's: dropped
             for length in lens:
                 for conc in concs:
                     if a.budget and time.monotonic() - started > a.budget:
@@ -541,6 +676,10 @@ def run_part(a: argparse.Namespace) -> int:
                         p: ([], [], []) for p in paths
                     }
                     for rep in range(reps.get(f"{length}x{conc}", reps.get(str(length), 1))):
+                        if rep and a.budget and time.monotonic() - started > a.budget:
+                            result.setdefault("cut", []).append([length, conc, rep])  # reps so far are kept
+                            print(f"[{shape}/{a.part}] budget spent: {length}/{conc} after {rep} reps", flush=True)
+                            break
                         for path in paths:  # interleaved, so drift hits every path alike
                             if path == "adapter" and length not in a.adapter_lens:
                                 continue
@@ -548,13 +687,16 @@ def run_part(a: argparse.Namespace) -> int:
                             got[path][0].extend(r["requests"])
                             got[path][1].append(r["wall_s"])
                             got[path][2].append(sum(q["tokens"] for q in r["requests"]))
+                    if a.part == "gateway":
+                        trace = await http_post(port, "/bench/trace", {}, API_KEY, False)
+                        join_trace([q for reqs, _, _ in got.values() for q in reqs], trace)
                     for path, (reqs, walls, toks) in got.items():
                         if not reqs:
                             continue
                         row = {"shape": shape, "prompt_len": length, "concurrency": conc, "path": path}
                         row |= summarize(reqs, walls, toks)
                         result["runs"].append(row)
-                        print(json.dumps(row), flush=True)
+                        print(json.dumps({k: v for k, v in row.items() if k not in ("each", "ttft_ms")}), flush=True)
                     save()
 
         asyncio.run(drive())
@@ -564,7 +706,24 @@ def run_part(a: argparse.Namespace) -> int:
         gateway_ttfts(result["runs"], log.read_text(errors="replace"))
     save()
     print(table([result]))
+    print(hop_report([result]))
     return 0
+
+
+def join_trace(reqs: list[dict[str, Any]], trace: dict[str, Any]) -> None:
+    """Each request gets its hops (ms from its send: `hops_ms`) and the GC pauses that began
+    between its send and its first output (`gc_ms`, `gc_gen`: the oldest generation collected)."""
+    events = trace["events"]
+    for r in reqs:
+        t0 = r.pop("t0")
+        hops: dict[str, float] = {}
+        for name, t in events.get(r["rid"], []):
+            hops.setdefault(name, round(1000 * (t - t0), 3))
+        r["hops_ms"] = hops
+        end = t0 + hops.get("first_out", 1000 * r["ttft_s"]) / 1000
+        pauses = [(d, g) for start, d, g in trace["gc"] if t0 <= start < end]
+        r["gc_ms"] = round(1000 * sum(d for d, _ in pauses), 3)
+        r["gc_gen"] = max((g for _, g in pauses), default=None)
 
 
 def gateway_ttfts(rows: list[dict[str, Any]], log: str) -> None:
@@ -580,17 +739,31 @@ def gateway_ttfts(rows: list[dict[str, Any]], log: str) -> None:
             r["gateway_ttft_mean_ms"] = round(statistics.fmean(xs), 2)
 
 
-async def profile(dest: Path, pid: int, case: Any) -> None:
-    """py-spy (non-blocking, so the gateway is not paused) on the gateway process during one case."""
+async def profile(dest: Path, pid: int, case: Any, times: int, rate: int) -> None:
+    """py-spy (non-blocking, so the gateway is not paused) on the gateway process during `times`
+    batches of one case; every thread, idle samples left out, each stack under its thread."""
     exe = shutil.which("py-spy") or next(iter(Path("/tmp/site").glob("**/bin/py-spy")), None)
     if exe is None:
         print("py-spy not found: no profile", flush=True)
         return
     spy = subprocess.Popen(
-        [str(exe), "record", "--nonblocking", "-r", "250", "-f", "raw", "-o", str(dest), "-p", str(pid)]
+        [
+            str(exe),
+            "record",
+            "--nonblocking",
+            "--threads",
+            "-r",
+            str(rate),
+            "-f",
+            "raw",
+            "-o",
+            str(dest),
+            "-p",
+            str(pid),
+        ]
     )
     await asyncio.sleep(1.0)  # py-spy attaches
-    for _ in range(3):
+    for _ in range(times):
         await case()
     spy.send_signal(signal.SIGINT)
     spy.wait(60)
@@ -640,6 +813,89 @@ def table(parts: list[dict[str, Any]], stat: str = "p50") -> str:
     return "\n".join(out)
 
 
+HOPS = ("asgi_in", "body_in", "prepare_in", "prepare_out", "admit_out", "response_start", "add_in", "add_out")
+HOPS += ("first_out", "first_send")
+
+
+def bootstrap(xs: list[float], stat: Any, n: int = 2000) -> tuple[float, float]:
+    """A 95% percentile interval of `stat` over resamples of `xs` (seeded: the same every run)."""
+    rng = random.Random(0)
+    got = sorted(stat(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return got[int(0.025 * n)], got[int(0.975 * n) - 1]
+
+
+def hop_report(parts: list[dict[str, Any]]) -> str:
+    """Where each path's TTFT goes (medians, ms from the client's send; direct: from its call),
+    then, for c=1, each path's TTFT with 95% intervals and the per-repetition differences."""
+    rows = [r for p in parts for r in p["runs"] if any("hops_ms" in e for e in r.get("each", []))]
+    if not rows:
+        return ""
+    out = ["| shape | prompt | conc. | path | n | " + " | ".join(HOPS) + " | client TTFT | GC ms mean |"]
+    out.append("|" + "---|" * (len(HOPS) + 7))
+    for r in rows:
+        each = r["each"]
+
+        def med(name: str, each: list[dict[str, Any]] = each) -> str:
+            xs = [e["hops_ms"][name] for e in each if name in e.get("hops_ms", {})]
+            return f"{statistics.median(xs):.2f}" if xs else "-"
+
+        gcs = [e.get("gc_ms", 0.0) for e in each]
+        ttft = statistics.median(e["ttft_ms"] for e in each)
+        cells = [r["shape"], str(r["prompt_len"]), str(r["concurrency"]), r["path"], str(len(each))]
+        cells += [med(h) for h in HOPS] + [f"{ttft:.2f}", f"{statistics.fmean(gcs):.2f}"]
+        out.append("| " + " | ".join(cells) + " |")
+
+    def value(e: dict[str, Any], metric: str) -> float | None:
+        """A request's TTFT, the time to one of its hops, or one of TTFT's three parts: the time
+        to vLLM's add_request ("to engine"), from there to the first output ("engine": the same
+        work on every path), and from the first output to the client's first text ("after")."""
+        hops = e.get("hops_ms", {})
+        if metric == "client TTFT":
+            return float(e["ttft_ms"])
+        if metric == "engine":
+            return hops["first_out"] - hops["add_in"] if "first_out" in hops and "add_in" in hops else None
+        if metric == "after":
+            return e["ttft_ms"] - hops["first_out"] if "first_out" in hops else None
+        x = hops.get("add_in" if metric == "to engine" else metric)
+        return None if x is None else float(x)
+
+    def per_rep(row: dict[str, Any], metric: str) -> dict[str, float]:
+        got = {}
+        for e in row["each"]:
+            x = value(e, metric)
+            if x is not None and e["rid"]:
+                got[e["rid"].split("-")[3]] = x  # path-len-conc-REP-i
+        return got
+
+    by = {(r["shape"], r["prompt_len"], r["path"]): r for r in rows if r["concurrency"] == 1}
+    out += [
+        "",
+        "| shape | prompt | measure | path or difference | n | p50 ms [95%] | mean ms [95%] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape, length in sorted({(k[0], k[1]) for k in by}):
+        for metric in ("client TTFT", "to engine", "engine", "after"):
+            series = {
+                p: per_rep(by[(shape, length, p)], metric)
+                for p in ("direct", "http_floor", "sparkgate")
+                if (shape, length, p) in by
+            }
+            lines = [(p, list(v.values())) for p, v in series.items()]
+            for a_, b_ in (("sparkgate", "direct"), ("sparkgate", "http_floor"), ("http_floor", "direct")):
+                if a_ in series and b_ in series:
+                    common = sorted(set(series[a_]) & set(series[b_]))
+                    lines.append((f"{a_} - {b_}", [series[a_][k] - series[b_][k] for k in common]))
+            for name, xs in lines:
+                if not xs:
+                    continue
+                lo, hi = bootstrap(xs, statistics.median)
+                mlo, mhi = bootstrap(xs, statistics.fmean)
+                p50 = f"{statistics.median(xs):.2f} [{lo:.2f}, {hi:.2f}]"
+                mean = f"{statistics.fmean(xs):.2f} [{mlo:.2f}, {mhi:.2f}]"
+                out.append(f"| {shape} | {length} | {metric} | {name} | {len(xs)} | {p50} | {mean} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-gateway":
         serve_gateway(sys.argv[2])
@@ -653,7 +909,9 @@ def main() -> int:
     ap.add_argument("--reps", default="", help="repetitions: LEN:N or LENxCONC:N, e.g. 2048:10,32768:1,32768x1:3")
     ap.add_argument("--adapter", action="store_true", help="also time sparkgate's engine adapter alone")
     ap.add_argument("--adapter-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048])
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="py-spy on the gateway during --profile-case first")
+    ap.add_argument("--profile-case", default="2048x8:3", help="LENxCONC:BATCHES of sparkgate requests profiled")
+    ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="output tokens per request")
     ap.add_argument("--tag", default="", help="appended to the result file's name")
     ap.add_argument("--start-timeout", type=float, default=420)
@@ -662,7 +920,9 @@ def main() -> int:
     ap.add_argument("--stat", choices=["p50", "mean"], default="p50", help="the table's TTFT statistic")
     a = ap.parse_args()
     if a.table:
-        print(table([json.loads(p.read_text()) for p in a.table], a.stat))
+        parts = [json.loads(p.read_text()) for p in a.table]
+        print(table(parts, a.stat))
+        print(hop_report(parts))
         return 0
     if a.out is None:
         ap.error("OUT is required")

@@ -266,6 +266,8 @@ class CompletionRequest(SamplingFields):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        # Validation made the (non-empty) list one member of the union: its first item says
+        # which, without a walk over every id of a 32K-id prompt on the event loop.
+        if isinstance(p[0], int):
+            return [p]
+        return list(p)

@@ -45,6 +45,7 @@ def test_json_schema_needs_schema() -> None:
         (["a", "b"], ["a", "b"]),
         ([1, 2, 3], [[1, 2, 3]]),
         ([[1], [2, 3]], [[1], [2, 3]]),
+        (["1", "2"], ["1", "2"]),  # strings stay strings: the union's exact match, not ids
     ],
 )
 def test_completion_prompt_shapes(prompt: object, expected: list[object]) -> None:
