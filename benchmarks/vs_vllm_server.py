@@ -727,6 +727,16 @@ def sparkgate_overload(model: dict[str, Any], admission: dict[str, Any], slo: Sl
         yield Http("sparkgate", port, (gw.pid,), model["name"], {"heavy": KEY, "light": LIGHT_KEY})
 
 
+def overload_record(capacity: float, slo: Slo, admission: dict[str, Any], runs: list[OverloadRun]) -> dict[str, Any]:
+    """Part 2's raw results, for --out."""
+    return {
+        "capacity_rps": capacity,
+        "slo": asdict(slo),
+        "sparkgate_admission": admission,
+        "runs": [asdict(r) for r in runs],
+    }
+
+
 def print_overload(runs: list[OverloadRun], slo: Slo, capacity: float, window_s: float) -> bool:
     """Part 2's tables; True if a request got no HTTP answer at all (the measurement failing: a
     system's own error answers under overload, a proxy's 500, are its behaviour, in its row)."""
@@ -750,12 +760,7 @@ async def overload_only(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, 
             runs = await overload([target], capacity, args.window)
         finally:
             await target.close()
-    results["overload"] = {
-        "capacity_rps": capacity,
-        "slo": asdict(slo),
-        "sparkgate_admission": admission,
-        "runs": [{**asdict(r)} for r in runs],
-    }
+    results["overload"] = overload_record(capacity, slo, admission, runs)
     failed = print_overload(runs, slo, capacity, args.window)
     results["loadavg_end"] = os.getloadavg()
     return results, failed
@@ -881,12 +886,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
         finally:
             for h in over:
                 await h.close()
-        results["overload"] = {
-            "capacity_rps": capacity,
-            "slo": asdict(slo),
-            "sparkgate_admission": admission,
-            "runs": [{**asdict(r)} for r in runs],
-        }
+        results["overload"] = overload_record(capacity, slo, admission, runs)
         failed |= print_overload(runs, slo, capacity, args.window)
     results["loadavg_end"] = os.getloadavg()
     return results, failed
