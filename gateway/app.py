@@ -150,6 +150,7 @@ def admission_control(settings: Settings, served: list[ServedModel]) -> Admissio
             max_queued_per_user=a.max_queued_per_user,
             max_bypass=a.max_bypass,
             max_scan=a.max_scan,
+            lone_backlog=a.lone_backlog,
         ),
         timeouts_s={PRIORITY_CLASSES.index(name): t for name, t in a.queue_timeout_s.items()},
         fair=a.fair_share.policy(),

@@ -490,6 +490,10 @@ class AdmissionSettings(_Model):
     max_queued_per_user: int = Field(64, ge=0)
     max_bypass: int = Field(4, ge=0)
     max_scan: int = Field(16, ge=1)
+    # Short requests (<= 16 output tokens) started beyond an engine's running slots, as a share
+    # of them, while one user alone uses it: they wait in vLLM's queue, which refills a slot in
+    # the same step instead of a step later (0: none). policies/demand.py QueueLimits.
+    lone_backlog: float = Field(0.0, ge=0, le=4)
     per_user_max_concurrency: int | None = Field(None, ge=1)
     queue_timeout_s: dict[PriorityClass, float] = Field(default_factory=lambda: dict(_DEFAULT_QUEUE_TIMEOUT_S))
     priority_header: str = "X-Sparkgate-Priority"

@@ -31,6 +31,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from policies.demand import (
+    BACKLOG_MAX_OUTPUT,
     Admit,
     Decision,
     Demand,
@@ -419,14 +420,22 @@ class Admission:
         """Entries of its class and more urgent ones that wait beside it (round robin decides the order)."""
         return sum(n for prio, n in pool.class_queued.items() if prio <= d.priority) - 1
 
+    def _slots(self, pool: _Pool, d: Demand) -> int:
+        """The sequences `d` may find started in the pool: the engine's slots, and a lone user's
+        short requests a backlog in the engine's own queue (QueueLimits.lone_backlog)."""
+        slots = pool.limits.max_sequences
+        if self.limits.lone_backlog and 0 < d.max_output <= BACKLOG_MAX_OUTPUT and pool.shares.alone(d.user):
+            slots += int(self.limits.lone_backlog * slots)
+        return slots
+
     def _fits(self, pool: _Pool, d: Demand) -> tuple[bool, int, int]:
         cost, hits = pool.cost(d)
-        ok = pool.used + cost <= pool.limits.blocks and pool.sequences + d.sequences <= pool.limits.max_sequences
+        ok = pool.used + cost <= pool.limits.blocks and pool.sequences + d.sequences <= self._slots(pool, d)
         return ok, cost, hits
 
     def _fair(self, pool: _Pool, d: Demand, cost: int) -> bool:
         """Whether it leaves the room others are owed (it fits: `_fits`)."""
-        free_slots = pool.limits.max_sequences - pool.sequences
+        free_slots = self._slots(pool, d) - pool.sequences
         return pool.shares.allows(d.user, d.sequences, cost, free_slots, pool.limits.blocks - pool.used)
 
     def _admit(self, pool: _Pool, w: _Waiting, hits: int) -> Admit:

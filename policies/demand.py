@@ -58,6 +58,7 @@ class Demand:
     resume_at_end_only: bool = False
     tokens: int = 0  # what it counts against the queue's token bound
     user_max_running: int | None = None  # the user's concurrency cap (jobs)
+    max_output: int = 0  # its longest answer's tokens (max_tokens; 0: not known)
 
     @property
     def worst_case_blocks(self) -> int:
@@ -97,6 +98,9 @@ class PoolLimits:
     max_sequences: int  # running slots (vLLM's max_num_seqs, or lower)
 
 
+BACKLOG_MAX_OUTPUT = 16  # tokens: a request this short runs a few steps (QueueLimits.lone_backlog)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueLimits:
     max_queued: int = DEFAULT_MAX_QUEUED
@@ -106,6 +110,14 @@ class QueueLimits:
     # Heads that do not fit, looked at per pass before giving up: keeps a decision
     # O(log users) when thousands of users wait on a full pool.
     max_scan: int = DEFAULT_MAX_SCAN
+    # While one user alone uses a pool, it may start this share of the pool's slots more
+    # short requests (answers of at most BACKLOG_MAX_OUTPUT tokens) than the engine runs: they
+    # wait in the engine's own queue, so a sequence that ends is replaced in the same engine
+    # step, not a step later after the gateway hears of it (1-token answers: every other step
+    # lost). Their KV is reserved like any other's, so the engine still never preempts. Beside
+    # other users: none (fair share decides who goes next); a user arriving waits for the
+    # backlog's short requests to start and end, a few steps.
+    lone_backlog: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

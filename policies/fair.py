@@ -177,6 +177,10 @@ class Shares:
         """Users active now (idle ones count until `expire` drops them)."""
         return len(self._users)
 
+    def alone(self, user: str) -> bool:
+        """Whether `user` is the only user active or expected back (`newcomer_s`)."""
+        return not self._known_idle and len(self._users) <= 1 and (not self._users or user in self._users)
+
     def owed(self) -> tuple[int, int]:
         """(slots, blocks) owed to active users and not yet claimed, and kept for a newcomer."""
         slots, blocks = self._newcomer()

@@ -548,4 +548,5 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
         resume_at_end_only=kv.resumes_at_end(spec),
         tokens=job.worst_case_tokens,
         user_max_running=user_max_running,
+        max_output=max(r.sampling.max_tokens for r in job.requests),
     )

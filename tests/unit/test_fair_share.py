@@ -320,3 +320,38 @@ def test_newcomer_room_lapses_with_the_last_time_a_user_was_seen() -> None:
     s.unqueued("x", 8.0)  # expected back until 13; the entry until 11 is stale
     assert s.expire(10.0) and s.owed() == (1, 10)  # no longer active, still expected: a slot's share kept
     assert s.expire(20.0) and s.owed() == (0, 0) and s.next_expiry() is None
+
+
+# -- a lone user's backlog in the engine's own queue ---------------------------------
+
+
+def short(user: str, max_output: int = 1) -> Demand:
+    return Demand(id=f"{user}-{next(_ids)}", pool="m", user=user, private_blocks=1, max_output=max_output)
+
+
+def backlog_pool(fair: FairShare = ON) -> Admission:
+    return Admission([PoolLimits(name="m", blocks=100, max_sequences=2)], QueueLimits(lone_backlog=1.0), fair)
+
+
+def test_a_lone_user_s_short_requests_queue_in_the_engine_too() -> None:
+    a = backlog_pool()
+    got = [a.offer(short("solo"), 0.0)[0] for _ in range(5)]
+    assert [type(x) for x in got] == [Admit, Admit, Admit, Admit, Queue]  # 2 slots + 2 waiting in vLLM
+    assert a.snapshot("m").running_sequences == 4
+    for max_output in (0, 17):  # not known to be short, or not short: the engine's slots only
+        b = backlog_pool()
+        assert [type(b.offer(short("solo", max_output), 0.0)[0]) for _ in range(3)] == [Admit, Admit, Queue]
+
+
+def test_beside_another_user_or_one_expected_back_there_is_no_backlog() -> None:
+    a = backlog_pool()
+    for _ in range(2):
+        a.offer(short("solo"), 0.0)
+    a.offer(short("other"), 0.0)  # owed its slot: queued for it, and the pool is shared now
+    assert isinstance(a.offer(short("solo"), 0.0)[0], Queue)
+    b = backlog_pool(NEWCOMER)
+    seen = short("other")
+    b.offer(seen, 0.0)
+    b.release(seen.id, 0.0)  # idle after 1 s, expected back until 30
+    got = [b.offer(short("solo"), 5.0)[0] for _ in range(3)]
+    assert [type(x) for x in got] == [Admit, Queue, Queue]  # one slot kept for it, no backlog
