@@ -193,8 +193,14 @@ class Lane:
 
     def busy_between(self, t0: float, t1: float) -> float:
         """Seconds between t0 and t1 during which this engine had requests."""
-        spans = [*self.busy_spans, *([(self.busy_since, t1)] if self.busy_since is not None else [])]
-        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+        busy = 0.0 if self.busy_since is None else max(0.0, t1 - max(self.busy_since, t0))
+        # Newest first, and only back to t0: the history holds a span per idle gap of the last
+        # BUSY_HISTORY_S (thousands, at chat rates), and routing asks this of every box-mate.
+        for a, b in reversed(self.busy_spans):
+            if b <= t0:
+                break
+            busy += max(0.0, min(b, t1) - max(a, t0))
+        return busy
 
     def prefilled_s(self, flight: Flight, now: float) -> float:
         """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
@@ -333,7 +339,11 @@ class Lane:
         now = self.clock()
         since = now - PREFILL_WINDOW_S
         busy = self.busy_between(since, now)
-        spans = sum(1 for _, end in self.busy_spans if end > since) + (self.busy_since is not None)
+        spans = int(self.busy_since is not None)
+        for _, end in reversed(self.busy_spans):
+            if end <= since:
+                break
+            spans += 1
         return busy / PREFILL_WINDOW_S, (PREFILL_WINDOW_S - busy) / max(1, spans)
 
     def prefill_share(self) -> float:

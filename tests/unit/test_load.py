@@ -160,6 +160,31 @@ def test_a_flight_finishes_once_and_old_busy_spans_are_dropped() -> None:
     assert list(a.busy_spans) == [(BUSY_HISTORY_S + 10.0, BUSY_HISTORY_S + 11.0)]
 
 
+def test_busy_time_and_duty_count_only_the_spans_that_reach_into_the_window() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    for start in range(0, 200, 2):  # busy 1 s of every 2, up to 199
+        clock.now = float(start)
+        f = model.fly("a", range(100), 10)
+        clock.now += 1.0
+        f.finish()
+    clock.now = 200.0
+    model.fly("a", range(100), 10)  # busy again since 200
+    clock.now = 200.5
+
+    def overlap(t0: float, t1: float) -> float:  # the definition, over every span
+        spans = [*a.busy_spans, (200.0, t1)]
+        return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in spans)
+
+    for t0, t1 in ((190.5, 200.5), (0.0, 3.5), (150.2, 160.7), (199.5, 200.1)):
+        assert a.busy_between(t0, t1) == pytest.approx(overlap(t0, t1))
+    assert a.busy_between(190.5, 200.5) == pytest.approx(0.5 + 4 + 0.5)
+    share, gap = a.duty()  # the last 60 s: from 140.5, 0.5 + 29 closed spans' 1 s + the open 0.5
+    assert share == pytest.approx(30.0 / PREFILL_WINDOW_S)
+    assert gap == pytest.approx((PREFILL_WINDOW_S - 30.0) / (30 + 1))
+
+
 def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
     clock = Clock()
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
