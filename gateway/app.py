@@ -15,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import errors, request_log, responses_store
+from gateway import errors, heap, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.drain import Drain
@@ -238,7 +238,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
                 state.router.down_retry_after = supervisor.retry_after
             supervisor.start()
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
-            yield
+            with heap.frozen():
+                yield
         finally:
             if supervisor is not None:
                 await supervisor.stop()  # no restart may race the shutdown below
