@@ -483,8 +483,6 @@ class VllmLocalEngine:
         )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        from vllm.inputs import TokensPrompt
-
         llm = self._llm
         if llm is None or llm.errored:
             raise EngineUnavailable(f"engine {self.name} is not available")
@@ -492,9 +490,7 @@ class VllmLocalEngine:
             params = self._sampling_params(request.sampling)
         except Exception as e:  # vLLM validates parameters eagerly
             raise EngineRequestInvalid(str(e)) from e
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-        if request.cache_salt is not None:
-            prompt["cache_salt"] = request.cache_salt
+        prompt = _engine_input(list(request.prompt_token_ids), request.cache_salt)
         k = request.sampling.logprobs or 0
         pk = request.sampling.prompt_logprobs or 0
         finished = False
@@ -569,3 +565,20 @@ class VllmLocalEngine:
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
             await self._llm.abort(request_id)
+
+
+def _engine_input(token_ids: list[int], cache_salt: str | None) -> Any:
+    """The prompt as vLLM's renderer would hand it on (0.32: a `TokensInput`): AsyncLLM then
+    adds it on the event loop. A bare `TokensPrompt` is sent through the renderer in a worker
+    thread first, a thread hop per request for nothing (ids need no rendering). 0.26 has no
+    such input and takes the prompt as it is."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=token_ids)
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        return prompt
+    return tokens_input(token_ids, cache_salt=cache_salt)
