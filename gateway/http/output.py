@@ -153,12 +153,16 @@ def chat_deltas(events: list[Event]) -> list[dict[str, Any]]:
 
 
 async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
-    """The job's merged engine chunks as SSE lines."""
+    """The job's merged engine chunks as SSE lines. An engine chunk's frames go out together,
+    and the last chunk's with the usage and `[DONE]`: each piece yielded is a write (a syscall
+    and a trip down the middleware's send chain), and a 1-token chat was five of them."""
     acct = _Accounting(job)
     started: set[int] = set()
     parsers: dict[int, TurnParser] = {}
     legacy: dict[int, CompletionLogprobs] = {}
     object_name = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+    unfinished = len(job.requests)  # engine requests whose last chunk has not come
+    tail: list[str] = []  # the last chunk's frames, held for the answer's end
 
     def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
         return sse(
@@ -176,6 +180,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
     try:
         async for i, chunk in chunks:
             acct.observe(i, chunk)
+            frames: list[str] = []
             out: list[dict[str, Any]] = []
             for c in chunk.choices:
                 idx = _choice_index(job, i, c.index)
@@ -184,7 +189,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         started.add(idx)
                         parsers[idx] = TurnParser(job.turn)
                         role = {"role": "assistant", "content": ""}
-                        yield frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}])
+                        frames.append(frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}]))
                     parser = parsers[idx]
                     events = parser.feed(c.text, c.token_ids)
                     if c.finish_reason is not None:
@@ -203,7 +208,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         if last:
                             out.append(entry)
                         else:
-                            yield frame([entry])
+                            frames.append(frame([entry]))
                 else:
                     text = c.text
                     lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
@@ -224,13 +229,20 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         }
                     )
             if out:
-                yield frame(out)
+                frames.append(frame(out))
+            unfinished -= chunk.finished
+            if unfinished > 0:
+                if frames:
+                    yield "".join(frames)
+            else:  # nothing is left to wait for: these go out with the end
+                tail += frames
         acct.usage.reasoning_tokens = job.meter.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
         if job.include_usage:
-            yield frame([], acct.usage)
+            tail.append(frame([], acct.usage))
     except Exception as exc:  # the status line is sent: report in-band
         err = from_exception(exc)
         job.meter.error_code = err.code
         log.warning("stream %s failed: %s", job.id, err.message)
-        yield sse(err.body())
-    yield sse("[DONE]")
+        tail.append(sse(err.body()))
+    tail.append(sse("[DONE]"))
+    yield "".join(tail)
