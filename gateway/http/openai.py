@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle, request_log
@@ -30,7 +31,12 @@ async def _client_left(request: Request) -> None:
 
 class _ReleasingStream(StreamingResponse):
     """A stream that gives back its job's holds however the response ends, even when the
-    body is never iterated (the client left before the first byte)."""
+    body is never iterated (the client left before the first byte).
+
+    It streams as Starlette does on an ASGI 2.4 server, whatever the server's version: on 2.3
+    (uvicorn) Starlette runs a task group per response with a second listener for the client's
+    leaving, and `Running.events` has its own (`Running._watched`), which also aborts the
+    engine requests. One listener, and no task group, per stream."""
 
     def __init__(self, running: lifecycle.Running, encode: EventEncoder, **kw: Any) -> None:
         super().__init__(running.events(encode), **kw)
@@ -38,7 +44,9 @@ class _ReleasingStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await self.stream_response(send)
+        except OSError:  # a send to a closed connection, where a server raises it
+            raise ClientDisconnect() from None
         finally:
             self.running.release()
 

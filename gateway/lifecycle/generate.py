@@ -35,7 +35,6 @@ async def _checked(
         meter.completion_tokens += new
         if new and meter.first_output_at is None:
             meter.first_output_at = time.monotonic()
-        meter.finish_reasons += [c.finish_reason for c in chunk.choices if c.finish_reason is not None]
         if clock is not None and new:
             meter.last_token = clock()
             if meter.first_token is None:
@@ -43,8 +42,9 @@ async def _checked(
         if flight is not None:
             flight.tokens(new, chunk.num_cached_tokens)
         for c in chunk.choices:
-            if c.finish_reason == "abort":
+            if c.finish_reason == "abort":  # an error (or the client left: run.py), not a way to finish
                 raise EngineUnavailableError("The engine aborted the request.", headers={"Retry-After": "1"})
+        meter.finish_reasons += [c.finish_reason for c in chunk.choices if c.finish_reason is not None]
         if on_prefill is not None:
             on_prefill(chunk.num_cached_tokens)
             on_prefill = None

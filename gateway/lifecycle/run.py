@@ -211,6 +211,7 @@ class Running:
         self._aborting: asyncio.Task[None] | None = None
         self._untrack = state.drain.track(self)  # last: the drain may abort it at once
         self._left_counted = False  # its client's leaving is in counters.client_disconnects
+        self._client_left = False  # seen by `_watched`, which aborted the engine requests
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         # Debug, not info: the request log's line (`sparkgate.request`) says the same when the
@@ -306,6 +307,8 @@ class Running:
                     raise self.stopped
                 yield item
         except Exception as e:
+            if self._client_left:
+                return  # the abort that followed is not the engine failing: nobody reads on
             if self.stopped is not None and e is not self.stopped:
                 raise self.stopped from None
             raise
@@ -323,7 +326,7 @@ class Running:
 
         async def watch() -> None:
             await self.client_gone()
-            self._left_counted = True
+            self._left_counted = self._client_left = True
             counters.client_disconnects += 1
             log.info("client went away: aborting %s", self.job.id)
             await generate.abort(self.job)
@@ -345,7 +348,7 @@ class Running:
         try:
             async with self._watched() as watcher:
                 async for line in encode(self.job, chunks):
-                    if watcher.done():
+                    if watcher.done() or self._client_left:  # (its abort may be under way)
                         return
                     yield line
             if self.stopped is not None:  # the drain cut it: its error event was the end
@@ -379,7 +382,7 @@ class Running:
                 finally:
                     # The client left (its engine requests are being aborted), or this
                     # task itself was cancelled: either way the work must not outlive it.
-                    client_left = watcher.done()
+                    client_left = watcher.done() or self._client_left  # (its abort may be under way)
                     if client_left or not work.done():
                         work.cancel()
                         with contextlib.suppress(BaseException):
