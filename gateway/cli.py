@@ -63,7 +63,7 @@ def _run(
     app_factory: Callable[[Settings, Drain], Any],
     host: str | None,
     port: int | None,
-    access_log: bool = True,
+    access_log: bool,
 ) -> None:
     import uvicorn
 
@@ -137,7 +137,7 @@ def serve(
 
         return create_app(s, drain=drain)
 
-    _run(settings, factory, host, port)
+    _run(settings, factory, host, port, access_log=settings.server.access_log)
 
 
 @app.command("engine-host")

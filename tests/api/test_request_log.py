@@ -69,6 +69,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "port": port,
             "log_level": "debug",
             "log_format": "json",
+            "access_log": True,  # uvicorn's lines must keep keys out too
             "cache_dir": str(ROOT / ".cache"),
         },
         "auth": {
