@@ -428,14 +428,15 @@ class Admission:
             slots += int(self.limits.lone_backlog * slots)
         return slots
 
-    def _fits(self, pool: _Pool, d: Demand) -> tuple[bool, int, int]:
+    def _fits(self, pool: _Pool, d: Demand, slots: int) -> tuple[bool, int, int]:
+        """Whether `d` fits in the pool's free KV and its `slots` (`_slots`); its cost and hits."""
         cost, hits = pool.cost(d)
-        ok = pool.used + cost <= pool.limits.blocks and pool.sequences + d.sequences <= self._slots(pool, d)
+        ok = pool.used + cost <= pool.limits.blocks and pool.sequences + d.sequences <= slots
         return ok, cost, hits
 
-    def _fair(self, pool: _Pool, d: Demand, cost: int) -> bool:
+    def _fair(self, pool: _Pool, d: Demand, cost: int, slots: int) -> bool:
         """Whether it leaves the room others are owed (it fits: `_fits`)."""
-        free_slots = self._slots(pool, d) - pool.sequences
+        free_slots = slots - pool.sequences
         return pool.shares.allows(d.user, d.sequences, cost, free_slots, pool.limits.blocks - pool.used)
 
     def _admit(self, pool: _Pool, w: _Waiting, hits: int) -> Admit:
@@ -493,8 +494,9 @@ class Admission:
                 if cap is not None and self._user_running.get(user, 0) >= cap:
                     skipped.append(item)  # not eligible now; keeps its place
                     continue
-                ok, cost, hits = self._fits(pool, head.demand)
-                if ok and not self._fair(pool, head.demand, cost):
+                slots = self._slots(pool, head.demand)
+                ok, cost, hits = self._fits(pool, head.demand, slots)
+                if ok and not self._fair(pool, head.demand, cost, slots):
                     skipped.append(item)  # it would take room others are owed; keeps its place
                     continue
                 if not ok:

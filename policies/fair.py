@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DEFAULT_RESERVE_SLOTS = 1
@@ -120,16 +121,16 @@ class Shares:
         changed = False
         while self._expiries and self._expiries[0][0] <= now:
             until, user = heapq.heappop(self._expiries)
-            u = self._users.get(user)
-            if u is None or u.until != until:
+            if not self._idle_until(until, user):
                 continue  # stale: it became busy again, or went idle again later
+            u = self._users[user]
             self._set_owed(u, 0, 0)
             del self._users[user]
             self._known_idle += user in self._known
             changed = True
         while self._known_expiries and self._known_expiries[0][0] <= now:
             until, user = heapq.heappop(self._known_expiries)
-            if self._known.get(user) != until:
+            if not self._known_until(until, user):
                 continue  # stale: it went idle again later
             del self._known[user]
             if user not in self._users:
@@ -160,18 +161,8 @@ class Shares:
         """When an idle user's room falls free next (None: no idle user is owed any)."""
         if not self.policy.enabled:
             return None  # nothing is owed: `expire` on the next event is soon enough
-        while self._expiries:
-            until, user = self._expiries[0]
-            u = self._users.get(user)
-            if u is not None and u.until == until:
-                break
-            heapq.heappop(self._expiries)  # stale
-        while self._known_expiries:
-            until, user = self._known_expiries[0]
-            if self._known.get(user) == until:
-                break
-            heapq.heappop(self._known_expiries)  # stale
-        return min((h[0][0] for h in (self._expiries, self._known_expiries) if h), default=None)
+        times = (_first_live(self._expiries, self._idle_until), _first_live(self._known_expiries, self._known_until))
+        return min((t for t in times if t is not None), default=None)
 
     def active(self) -> int:
         """Users active now (idle ones count until `expire` drops them)."""
@@ -187,6 +178,15 @@ class Shares:
         return self._owed_slots + slots, self._owed_blocks + blocks
 
     # -- internals -------------------------------------------------------------
+
+    def _idle_until(self, until: float, user: str) -> bool:
+        """Whether `user` is still idle until `until` (else the heap item is stale)."""
+        u = self._users.get(user)
+        return u is not None and u.until == until
+
+    def _known_until(self, until: float, user: str) -> bool:
+        """Whether `user` is still expected back until `until` (else the heap item is stale)."""
+        return self._known.get(user) == until
 
     def _lightest(self, u: _User) -> bool:
         """Whether `u` asks for less (sequences running, requests waiting) than every other
@@ -227,3 +227,13 @@ class Shares:
         self._owed_slots += slots - u.owed_slots
         self._owed_blocks += blocks - u.owed_blocks
         u.owed_slots, u.owed_blocks = slots, blocks
+
+
+def _first_live(heap: list[tuple[float, str]], live: Callable[[float, str], bool]) -> float | None:
+    """The earliest live item's time in `heap`, popping the stale ones before it (None: none)."""
+    while heap:
+        until, user = heap[0]
+        if live(until, user):
+            return until
+        heapq.heappop(heap)
+    return None

@@ -193,14 +193,21 @@ class Lane:
 
     def busy_between(self, t0: float, t1: float) -> float:
         """Seconds between t0 and t1 during which this engine had requests."""
+        return self._busy_spans(t0, t1)[0]
+
+    def _busy_spans(self, t0: float, t1: float) -> tuple[float, int]:
+        """Seconds between t0 and t1 during which this engine had requests, and in how many
+        busy spans (the one under way included)."""
         busy = 0.0 if self.busy_since is None else max(0.0, t1 - max(self.busy_since, t0))
+        spans = int(self.busy_since is not None)
         # Newest first, and only back to t0: the history holds a span per idle gap of the last
         # BUSY_HISTORY_S (thousands, at chat rates), and routing asks this of every box-mate.
         for a, b in reversed(self.busy_spans):
             if b <= t0:
                 break
             busy += max(0.0, min(b, t1) - max(a, t0))
-        return busy
+            spans += 1
+        return busy, spans
 
     def prefilled_s(self, flight: Flight, now: float) -> float:
         """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
@@ -265,13 +272,13 @@ class Lane:
             n += 1
         return n * self.spec.block_size
 
-    def queued_ahead(self, user: str | None = None) -> list[Flight]:
+    def queued_ahead(self, user: str | None = None, here: Sequence[Flight] | None = None) -> list[Flight]:
         """The queued requests here a newcomer from `user` waits behind, in order. The
         admission queue takes users in turn, least recently served first
         (policies/admission.py): the newcomer comes after its user's queued requests and, of
         each other user's, as many (one more where that user was served less recently). None:
-        first come, first served (all of them)."""
-        here = self.ahead()
+        first come, first served (all of them). `here`: `ahead()`, where the caller has it."""
+        here = self.ahead() if here is None else here
         queued = [f for f in here if f.admitted_at is None]
         if user is None:
             return queued
@@ -297,7 +304,7 @@ class Lane:
         """A newcomer's prediction here; `user`: who sends it (its place in the fair queue)."""
         here = self.ahead()
         running = [f for f in here if f.admitted_at is not None]
-        queued = self.queued_ahead(user)
+        queued = self.queued_ahead(user, here)
         concurrency = min(self.slots, len(running) + 1)
         step = self.step_s(concurrency, prompt_tokens)
         services = [
@@ -337,13 +344,7 @@ class Lane:
     def duty(self) -> tuple[float, float]:
         """Share of the last PREFILL_WINDOW_S this engine had requests, and its mean idle gap."""
         now = self.clock()
-        since = now - PREFILL_WINDOW_S
-        busy = self.busy_between(since, now)
-        spans = int(self.busy_since is not None)
-        for _, end in reversed(self.busy_spans):
-            if end <= since:
-                break
-            spans += 1
+        busy, spans = self._busy_spans(now - PREFILL_WINDOW_S, now)
         return busy / PREFILL_WINDOW_S, (PREFILL_WINDOW_S - busy) / max(1, spans)
 
     def prefill_share(self) -> float:
