@@ -48,7 +48,7 @@ from starlette.types import Scope
 from engine_adapter.base import Engine, EngineError, EngineRequestInvalid
 from engine_adapter.hf_tokenizer import fingerprint
 from engine_adapter.wire import Claim, EngineInfo, GenerateFrame, StatsFrame, chunk_line, error_line
-from gateway import errors
+from gateway import errors, heap
 from gateway.app import EngineFactory, start_engines, vllm_engine
 from gateway.auth import bearer
 from gateway.drain import Drain
@@ -275,7 +275,8 @@ def create_host_app(
             app.state.host = HostState(
                 engines=hosted, token=token, failed_auth=FailedAuthTable(settings.auth.failed), drain=drain
             )
-            yield
+            with heap.frozen():  # it holds vLLM as a gateway does (gateway/heap.py)
+                yield
         finally:
             for h in hosted.values():
                 await h.engine.shutdown()

@@ -8,6 +8,7 @@ import weakref
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.engine_host import create_host_app
 from gateway.settings import Settings
 from tests.conftest import MODELS
 
@@ -38,3 +39,12 @@ def test_the_start_up_heap_is_frozen_while_serving_and_unfrozen_after() -> None:
     finally:
         gc.enable()
     assert gc.get_freeze_count() == 0  # back in the collector's reach once the server stops
+
+
+def test_an_engine_host_freezes_its_heap_too() -> None:
+    settings = Settings(
+        auth={"required": False}, models=[{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}]
+    )
+    with TestClient(create_host_app(settings, "heap-test-token")):
+        assert gc.get_freeze_count() > 10_000
+    assert gc.get_freeze_count() == 0
