@@ -80,7 +80,10 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     try:
         if flight is not None:
             assert state.router is not None  # a flight is routing's
-            await _unless_gone(_route_hold(job, flight, state.router), state, client_gone)
+            # Most requests are not held: the first check runs here, without a watcher's tasks.
+            held = flight.not_before > job.served.engine.clock()  # routing held it from the start
+            if held or flight.hold_again():
+                await _unless_gone(_route_hold(job, flight, state.router, checked=not held), state, client_gone)
         if state.drain.draining:  # it arrived as the drain began: not worth queueing
             raise shutting_down()
         ticket = await _admit(wanted, state, client_gone)
@@ -108,8 +111,9 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
     return router.fly(job.served.name, first.prompt_token_ids, out, first.cache_salt, job.route, job.principal.name)
 
 
-async def _route_hold(job: Job, flight: Flight, router: Router) -> None:
+async def _route_hold(job: Job, flight: Flight, router: Router, *, checked: bool) -> None:
     """Wait until routing lets the job go to its engine (its hold, on the engine's clock).
+    `checked`: its first check at its due time said hold (`start` made it).
 
     Held requests of one class on one engine wait in line: only the first re-checks its
     hold (each check walks every request on the engine), the others wait for it to go,
@@ -122,9 +126,10 @@ async def _route_hold(job: Job, flight: Flight, router: Router) -> None:
             # The engine's clock may run faster than the wall clock (a simulated box): poll.
             await asyncio.sleep(min(0.25, left))
 
-    await until_due()
-    if not flight.hold_again():
-        return
+    if not checked:
+        await until_due()
+        if not flight.hold_again():
+            return
     line = router.hold_line(job.served.name, "" if job.route is None else job.route.slo)
     while True:
         try:
