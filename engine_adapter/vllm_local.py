@@ -568,10 +568,10 @@ class VllmLocalEngine:
 
 
 def _engine_input(token_ids: list[int], cache_salt: str | None) -> Any:
-    """The prompt as vLLM's renderer would hand it on (0.32: a `TokensInput`): AsyncLLM then
-    adds it on the event loop. A bare `TokensPrompt` is sent through the renderer in a worker
-    thread first, a thread hop per request for nothing (ids need no rendering). 0.26 has no
-    such input and takes the prompt as it is."""
+    """The prompt as vLLM's renderer would hand it on (a `TokensInput`, in 0.26 and 0.32):
+    AsyncLLM adds it as it is. A bare `TokensPrompt` goes through the input preprocessor first,
+    which in 0.32 runs in a worker thread: a thread hop per request for ids that need no
+    rendering. Releases without `vllm.inputs.engine` get the bare prompt."""
     try:
         from vllm.inputs.engine import tokens_input
     except ImportError:
