@@ -57,6 +57,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "host": "127.0.0.1",
             "port": free_port(),
             "log_level": "debug",  # the most talkative: the key check below reads every line
+            "access_log": True,  # uvicorn's lines too: a key in a URL must be redacted there
             "cache_dir": str(ROOT / ".cache"),
             "trusted_proxies": [PROXY],
             "cors": {"allow_origins": [ORIGIN]},
