@@ -78,9 +78,22 @@ def child(
 
 
 @contextlib.contextmanager
-def launch(config: Path, log_path: Path, port: int, *, startup_timeout_s: float = 420) -> Iterator[Gateway]:
-    """`sparkgate serve --config` until the block exits."""
+def launch(
+    config: Path, log_path: Path, port: int, *, ref: str = "", startup_timeout_s: float = 420
+) -> Iterator[Gateway]:
+    """`sparkgate serve --config` until the block exits; `ref`: the gateway as of that git ref
+    (exported next to the config), for a before and after in one run."""
     base = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    with child(args, log_path, f"{base}/ready", startup_timeout_s=startup_timeout_s) as pid:
+    cwd = ROOT if not ref else source_tree(ref, config.parent)
+    with child(args, log_path, f"{base}/ready", cwd=cwd, startup_timeout_s=startup_timeout_s) as pid:
         yield Gateway(base, pid)
+
+
+def source_tree(ref: str, into: Path) -> Path:
+    """The repository as of git `ref`, exported (`git archive`) to a directory under `into`."""
+    tree = into / f"tree-{ref.replace('/', '_').replace('~', '-')}"
+    tree.mkdir(exist_ok=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree

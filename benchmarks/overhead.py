@@ -40,7 +40,6 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -163,18 +162,11 @@ def sparkgate_server(tmp: Path) -> Iterator[tuple[int, int]]:
 @contextlib.contextmanager
 def sparkgate_at(tmp: Path, ref: str) -> Iterator[tuple[int, int]]:
     """sparkgate as of git `ref` (exported next to the logs), for before/after in one run."""
-    tree = tmp / f"tree-{ref.replace('/', '_')}"
-    tree.mkdir(exist_ok=True)
-    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     port = free_port()
     config = tmp / f"sparkgate-{ref.replace('/', '_')}.yaml"
     config.write_text(sparkgate_config(port))
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    with child(
-        args, tmp / f"{config.stem}.log", f"http://127.0.0.1:{port}/ready", cwd=tree, startup_timeout_s=300
-    ) as pid:
-        yield port, pid
+    with launch(config, tmp / f"{config.stem}.log", port, ref=ref, startup_timeout_s=300) as gw:
+        yield port, gw.pid
 
 
 @contextlib.contextmanager

@@ -30,7 +30,6 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,28 +39,17 @@ from typing import Any
 import yaml
 
 from benchmarks import vs_vllm_server as vs
-from benchmarks.gateway_process import child, free_port
-
-ROOT = vs.ROOT
+from benchmarks.gateway_process import free_port, launch
 
 
 @contextlib.contextmanager
 def sparkgate(ref: str, model: dict[str, Any], tmp: Path) -> Iterator[tuple[str, int, int]]:
     """`sparkgate serve` as of `ref` ("": the working tree)."""
     port = free_port()
-    tag = ref.replace("/", "_").replace("~", "-") or "tree"
-    config = tmp / f"sparkgate-{tag}.yaml"
+    config = tmp / f"sparkgate-{ref.replace('/', '_').replace('~', '-') or 'tree'}.yaml"
     config.write_text(yaml.safe_dump(vs.sparkgate_config(model, port, {})))
-    cwd = ROOT
-    if ref:
-        cwd = tmp / f"tree-{tag}"
-        cwd.mkdir()
-        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(cwd)], input=archive, check=True)
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
-    url = f"http://127.0.0.1:{port}/ready"
-    with child(args, tmp / f"{config.stem}.log", url, cwd=cwd) as pid:
-        yield (f"sparkgate@{ref}" if ref else "sparkgate"), port, pid
+    with launch(config, tmp / f"{config.stem}.log", port, ref=ref) as gw:
+        yield (f"sparkgate@{ref}" if ref else "sparkgate"), port, gw.pid
 
 
 async def closed_loop(t: vs.Target, stream: bool, n: int, concurrency: int) -> tuple[float, float]:
