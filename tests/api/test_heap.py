@@ -13,15 +13,19 @@ from gateway.settings import Settings
 from tests.conftest import MODELS
 
 
+def replay_settings() -> Settings:
+    return Settings(
+        auth={"required": False}, models=[{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}]
+    )
+
+
 class _Node:
     def __init__(self) -> None:
         self.me = self  # a cycle: only the collector frees it
 
 
 def test_the_start_up_heap_is_frozen_while_serving_and_unfrozen_after() -> None:
-    settings = Settings(
-        auth={"required": False}, models=[{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}]
-    )
+    settings = replay_settings()
     gc.disable()  # else a young-generation pass could free the cycle before the start does
     try:
         garbage = _Node()
@@ -42,9 +46,7 @@ def test_the_start_up_heap_is_frozen_while_serving_and_unfrozen_after() -> None:
 
 
 def test_an_engine_host_freezes_its_heap_too() -> None:
-    settings = Settings(
-        auth={"required": False}, models=[{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}]
-    )
+    settings = replay_settings()
     with TestClient(create_host_app(settings, "heap-test-token")):
         assert gc.get_freeze_count() > 10_000
     assert gc.get_freeze_count() == 0
