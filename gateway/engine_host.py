@@ -62,6 +62,7 @@ from gateway.errors import (
 from gateway.failed_auth import FailedAuthTable
 from gateway.http.deps import client_address
 from gateway.http.draining import DrainingMiddleware
+from gateway.http.json_body import JSONRoute
 from gateway.settings import FailedAuthSettings, Settings
 from policies import shares
 
@@ -122,7 +123,7 @@ def token_matches(given: str, token: str) -> bool:
 Host = Annotated[HostState, Depends(_authorized)]
 # The calling gateway, on every call but /health: claims, renewals and request ids are its.
 Gateway = Annotated[str, Header(alias="X-Sparkgate-Gateway", min_length=1)]
-router = APIRouter(prefix="/engine/v1")
+router = APIRouter(prefix="/engine/v1", route_class=JSONRoute)
 
 
 @router.get("/health")

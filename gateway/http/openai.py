@@ -13,12 +13,13 @@ from gateway import lifecycle, request_log
 from gateway.admission import Ticket
 from gateway.http import output, response_docs
 from gateway.http.deps import Caller, State
+from gateway.http.json_body import JSONRoute
 from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.lifecycle.run import BodyEncoder, EventEncoder
 from gateway.state import AppState
 from policies import prefix
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=JSONRoute)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

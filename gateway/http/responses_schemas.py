@@ -9,7 +9,6 @@ union members pydantic tried, and still through the one error mapping (gateway/e
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -27,6 +26,7 @@ from pydantic import (
 )
 
 from gateway.errors import InvalidRequest
+from gateway.http import json_body
 from gateway.http.schemas import INT64_MAX, FreeJson, FunctionName
 from gateway.settings import LimitSettings
 
@@ -252,7 +252,7 @@ def validation_failed(exc: ValidationError, prefix: Sequence[int | str] = ()) ->
 def parse(raw: bytes) -> ResponsesRequest:
     """The request body, validated; RequestValidationError (-> 400) when it is not valid."""
     try:
-        data = json.loads(raw)
+        data = json_body.decode(raw)
     except ValueError:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error"}]) from None
     try:
