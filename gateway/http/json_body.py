@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 _decode = msgspec.json.Decoder().decode
+M = TypeVar("M", bound=BaseModel)
 
 
 def decode(raw: bytes) -> Any:
@@ -29,6 +32,31 @@ def decode(raw: bytes) -> Any:
         return _decode(raw)
     except msgspec.MsgspecError:
         return json.loads(raw)
+
+
+def document(raw: bytes) -> Any:
+    """The body as JSON (None when empty), or the error FastAPI raises for a body it cannot
+    read, before any dependency (the key) is looked at."""
+    if not raw:
+        return None
+    try:
+        return decode(raw)
+    except json.JSONDecodeError as e:
+        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([error | {"ctx": {"error": e.msg}}], body=e.doc) from None
+
+
+def validate(model: type[M], data: Any) -> M:
+    """`data` as `model`, or FastAPI's RequestValidationError for a body parameter (locations
+    under `body`; a missing or null body is a missing body), which the app answers with a 400."""
+    if data is None:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(
+            [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)], body=data
+        ) from None
 
 
 class JSONRequest(Request):

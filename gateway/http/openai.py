@@ -11,15 +11,14 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle, request_log
 from gateway.admission import Ticket
-from gateway.http import output, response_docs
-from gateway.http.deps import Caller, State
-from gateway.http.json_body import JSONRoute
+from gateway.http import json_body, output, response_docs
+from gateway.http.deps import Caller, State, get_principal, get_state
 from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.lifecycle.run import BodyEncoder, EventEncoder
 from gateway.state import AppState
 from policies import prefix
 
-router = APIRouter(prefix="/v1", route_class=JSONRoute)
+router = APIRouter(prefix="/v1")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -118,16 +117,36 @@ def routing_of(state: AppState, request: Request) -> lifecycle.Routing:
     return lifecycle.Routing(state.router, request.headers.get(state.settings.routing.header))
 
 
-@router.post("/chat/completions", responses=response_docs.CHAT)
-async def chat_completions(body: ChatCompletionRequest, request: Request, state: State, caller: Caller) -> Response:
+# The two hot routes take the request alone and parse it themselves (json_body), in the
+# order FastAPI would: the JSON, the key, the schema. FastAPI's dependency machinery for a body
+# model, a header and two dependencies was ~5% of a 1-token chat's CPU time; the document
+# still describes the body (`openapi_extra`).
+@router.post(
+    "/chat/completions",
+    responses=response_docs.CHAT,
+    openapi_extra=response_docs.request_body(ChatCompletionRequest, "Chat"),
+)
+async def chat_completions(request: Request) -> Response:
+    state = get_state(request)
+    data = json_body.document(await request.body())
+    caller = await get_principal(request, request.headers.get("authorization"))
+    body = json_body.validate(ChatCompletionRequest, data)
     state.counters.requests += 1
     request_log.note_model(request, body.model)
     job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, routing_of(state, request))
     return await answer(job, state, request)
 
 
-@router.post("/completions", responses=response_docs.COMPLETIONS)
-async def completions(body: CompletionRequest, request: Request, state: State, caller: Caller) -> Response:
+@router.post(
+    "/completions",
+    responses=response_docs.COMPLETIONS,
+    openapi_extra=response_docs.request_body(CompletionRequest, "Completion"),
+)
+async def completions(request: Request) -> Response:
+    state = get_state(request)
+    data = json_body.document(await request.body())
+    caller = await get_principal(request, request.headers.get("authorization"))
+    body = json_body.validate(CompletionRequest, data)
     state.counters.requests += 1
     request_log.note_model(request, body.model)
     job = await lifecycle.prepare_completion(
