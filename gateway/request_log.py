@@ -144,7 +144,8 @@ class RequestLog:
 
 def of(request: Request) -> RequestLog | None:
     """The request's log record (None outside the middleware, e.g. in a unit test's app)."""
-    found = getattr(request.state, "request_log", None)
+    # From the scope: `request.state` builds a State object per request, for one lookup.
+    found = request.scope.get("state", {}).get("request_log")
     return found if isinstance(found, RequestLog) else None
 
 

@@ -11,6 +11,7 @@ would let an attacker reset its count between guesses), and never another client
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -75,6 +76,9 @@ def forgettable(record: ClientRecord, limits: FailureLimits, now: float) -> bool
     return now - record.window_start >= limits.window_s
 
 
+# Cached: parsing an address is a few microseconds on every request, and a gateway sees few
+# distinct peers (a proxy's, a team's); the cache is bounded for the days it sees many.
+@functools.lru_cache(maxsize=4096)
 def client_key(address: str | None) -> str:
     """Whose failures these are: an IPv4 address as it is, an IPv6 address's /64 (one
     subscriber can rotate through a whole /64 at will), IPv4-mapped IPv6 as IPv4. What is not
