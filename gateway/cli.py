@@ -1,4 +1,4 @@
-"""`sparkgate serve | engine-host | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
+"""`sparkgate serve | engine-host | check | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
 
 from __future__ import annotations
 
@@ -243,6 +243,35 @@ def plan(
     typer.echo("\n".join(planner.table(rows, target, per_user)))
     out.write_text(planner.html(rows, kinds, target, per_user, box_spec))
     typer.echo(f"plot: {out}")
+
+
+@app.command()
+def check(
+    config: Annotated[Path, typer.Argument(help="The YAML config to check")],
+    skip_local: Annotated[
+        bool,
+        typer.Option(
+            "--skip-local",
+            help="Skip what depends on this machine (model directories, tokenizers, token variables): "
+            "for a config meant for another box",
+        ),
+    ] = False,
+) -> None:
+    """Validate a config offline and print its plan: exit 0, or 2 with one `error [code] ...` line per problem."""
+    from gateway.check import check_config
+
+    report = check_config(config, skip_local=skip_local)
+    if report.plan:
+        typer.echo("\n".join(report.plan))
+    if report.skipped:
+        typer.echo(f"skipped (--skip-local): {', '.join(report.skipped)}", err=not report.ok)
+    if report.ok:
+        typer.echo(f"ok: {config}")
+        return
+    for p in report.problems:
+        typer.echo(p.line(), err=True)
+    typer.echo(f"sparkgate: {len(report.problems)} problem(s) in {config}", err=True)
+    raise typer.Exit(2)
 
 
 @app.command("hash-key")
