@@ -1,5 +1,5 @@
 # CPU image of sparkgate with the embedded default model (no GPU, no downloads at run time).
-# On a DGX Spark, build FROM an NVIDIA vLLM image instead and install ".[cuda]".
+# The DGX Spark's GPU image is deploy/Dockerfile.gpu (NVIDIA's vLLM container as its base).
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends make gcc g++ libnuma1 && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
