@@ -45,6 +45,8 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
         return simulated_engine(settings, model)
     if model.engine == "remote":
         return remote_engine(settings, model)
+    if model.engine == "vllm-server":
+        return vllm_server_engine(settings, model)
     if model.engine == "replay":
         return replay_engine(settings, model)
     from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
@@ -127,6 +129,27 @@ def remote_engine(settings: Settings, model: ModelSettings) -> Engine:
             poll_interval_s=r.poll_interval_s,
             connect_timeout_s=r.connect_timeout_s,
             read_timeout_s=r.read_timeout_s,
+        )
+    )
+
+
+def vllm_server_engine(settings: Settings, model: ModelSettings) -> Engine:
+    from engine_adapter.vllm_server import VllmServerConfig, VllmServerEngine
+
+    assert model.vllm_server is not None  # settings validation guarantees it
+    v = model.vllm_server
+    return VllmServerEngine(
+        VllmServerConfig(
+            name=model.name,
+            address=v.address,
+            served_model=v.served_model or model.name,
+            tokenizer=str(settings.model_path(model)),
+            max_num_seqs=model.max_num_seqs,
+            api_key=os.environ.get(v.api_key_env) if v.api_key_env else None,  # `serve` refuses it unset
+            share=v.share,
+            poll_interval_s=v.poll_interval_s,
+            connect_timeout_s=v.connect_timeout_s,
+            read_timeout_s=v.read_timeout_s,
         )
     )
 

@@ -255,6 +255,8 @@ def _remote_problems(s: Settings) -> list[Problem]:
     by the schema: one model here is one engine there, addressed by the model's name.)"""
     problems = []
     for m in s.models:
+        if m.engine == "vllm-server":
+            problems += _vllm_server_problems(m)
         if m.engine != "remote":
             continue
         if m.remote is None:
@@ -266,18 +268,28 @@ def _remote_problems(s: Settings) -> list[Problem]:
     return problems
 
 
-def _address_problem(address: str) -> str | None:
+def _vllm_server_problems(m: ModelSettings) -> list[Problem]:
+    if m.vllm_server is None:
+        msg = "engine 'vllm-server' needs a 'vllm_server' section with the server's address"
+        return [Problem("remote_address", f"model {m.name!r}: {msg}")]
+    if (why := _address_problem(m.vllm_server.address, "http://spark-2:8000")) is not None:
+        shown = redacted_url(m.vllm_server.address)
+        return [Problem("remote_address", f"model {m.name!r}: vllm_server.address {shown!r} {why}")]
+    return []
+
+
+def _address_problem(address: str, example: str = "http://spark-2:8001") -> str | None:
     try:
         parts = urlsplit(address)
         port = parts.port
     except ValueError as e:
         return f"is not a URL: {e}"
     if parts.scheme not in ("http", "https"):
-        return "is not an http(s) URL (e.g. http://spark-2:8001)"
+        return f"is not an http(s) URL (e.g. {example})"
     if not parts.hostname:
-        return "has no host (e.g. http://spark-2:8001)"
+        return f"has no host (e.g. {example})"
     if port is None:
-        return "has no port: the engine host's server.port (e.g. http://spark-2:8001)"
+        return f"has no port: the server's (e.g. {example})"
     return None
 
 
@@ -389,6 +401,9 @@ def _model_kv(s: Settings, m: ModelSettings, *, read_local: bool) -> tuple[_Kv, 
     if m.engine == "remote":
         share = m.remote.share if m.remote is not None else 1.0
         return _Kv(None, None, f"share {share:g} of the engine host's pool and slots"), None
+    if m.engine == "vllm-server":
+        share = m.vllm_server.share if m.vllm_server is not None else 1.0
+        return _Kv(None, None, f"share {share:g} of the vLLM server's pool, read from its /metrics at start"), None
     if m.engine == "simulated":
         return _simulated_kv(m)
     if m.engine == "replay":
@@ -491,7 +506,7 @@ def _model_files(s: Settings, m: ModelSettings) -> list[Problem]:
     if not path.is_dir():
         return [Problem("model_dir", f"model {m.name!r}: {path} does not exist (models[].path)")]
     missing = s.model_copy(update={"models": (m,)}).missing_model_dirs()
-    if m.engine in ("remote", "replay") and missing:
+    if m.engine in ("remote", "vllm-server", "replay") and missing:
         return [Problem("tokenizer", line) for line in missing]
     problems = [Problem("model_dir", line) for line in missing]
     tokenizer = _tokenizer_dir(s, m)
@@ -560,6 +575,9 @@ def _model_line(m: ModelSettings, kv: _Kv) -> str:
     if m.engine == "remote" and m.remote is not None:
         where = redacted_url(m.remote.address)
         return f"{m.name}: engine remote at {where}: max_model_len, slots and KV from the engine host ({kv.note})"
+    if m.engine == "vllm-server" and m.vllm_server is not None:
+        where = redacted_url(m.vllm_server.address)
+        return f"{m.name}: engine vllm-server at {where}: slots {m.max_num_seqs}, max_model_len and KV ({kv.note})"
     slots = f"{m.max_num_seqs}" + (f" (admission {m.max_concurrency})" if m.max_concurrency else "")
     size = "unknown" if kv.bytes is None else _size(kv.bytes)
     tokens = f", {kv.tokens} tokens" if kv.tokens is not None else ""

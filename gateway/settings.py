@@ -62,6 +62,8 @@ class CorsSettings(_Model):
 
 
 EngineStart = Literal["sequential", "parallel"]
+# Engines whose memory is another process's or box's: reached over HTTP, only their tokenizer here.
+ELSEWHERE = ("remote", "vllm-server")
 
 
 class ServerSettings(_Model):
@@ -287,6 +289,24 @@ class RemoteSettings(_Model):
     read_timeout_s: float = Field(10.0, gt=1)
 
 
+class VllmServerSettings(_Model):
+    """A stock vLLM OpenAI server as the engine (engine: vllm-server): another box, a
+    container, or one vLLM spanning two boxes with Ray. The gateway sends it token ids."""
+
+    address: str  # the server's base URL, e.g. http://spark-2:8000 (without /v1)
+    served_model: str | None = None  # its --served-model-name (default: this model's name)
+    api_key_env: str | None = None  # the environment variable holding its --api-key, if it has one
+    # Of the server's KV pool and of this model's max_num_seqs (vLLM does not publish its
+    # --max-num-seqs: set max_num_seqs to it). Replicas split the server with shares that
+    # add up to at most 1; nothing enforces that across gateways (engine-host does).
+    share: float = Field(1.0, gt=0, le=1)
+    poll_interval_s: float = Field(0.5, gt=0)  # /metrics: running, waiting, KV use
+    connect_timeout_s: float = Field(5.0, gt=0)
+    # A stream silent this long is cut (503): vLLM sends nothing during a prompt's prefill,
+    # so this must outlast the longest prefill the server runs.
+    read_timeout_s: float = Field(300.0, gt=1)
+
+
 class RestartSettings(_Model):
     """What happens when a model's engine dies: restarts with exponential backoff, until it
     has died `max_deaths` times within `window_s`; then it stays down (see /ready)."""
@@ -307,7 +327,7 @@ class ModelSettings(_Model):
     # vllm: in this process; simulated: the DGX Spark box model; remote: on another box
     # (`path` is then a local copy of the model's tokenizer); replay: recorded Qwen3 turns
     # picked by a `[[replay:NAME]]` tag in the prompt (`path`: a Qwen tokenizer's directory).
-    engine: Literal["vllm", "simulated", "remote", "replay"] = "vllm"
+    engine: Literal["vllm", "simulated", "remote", "vllm-server", "replay"] = "vllm"
     tokenizer: str | None = None
     dtype: str = "bfloat16"
     max_model_len: int = Field(4096, ge=16)
@@ -352,6 +372,7 @@ class ModelSettings(_Model):
     # A simulated engine (engine: simulated): the DGX Spark box model's model and time scale.
     simulated: SimulatedSettings | None = None
     remote: RemoteSettings | None = None
+    vllm_server: VllmServerSettings | None = None
     replay: ReplaySettings = ReplaySettings()
     restart: RestartSettings = RestartSettings()
 
@@ -659,6 +680,8 @@ class Settings(BaseSettings):
                 raise ValueError(f"model {m.name!r}: engine 'simulated' needs a 'simulated' section")
             if m.engine == "remote" and m.remote is None:
                 raise ValueError(f"model {m.name!r}: engine 'remote' needs a 'remote' section (the host's address)")
+            if m.engine == "vllm-server" and m.vllm_server is None:
+                raise ValueError(f"model {m.name!r}: engine 'vllm-server' needs a 'vllm_server' section (its address)")
         teams = {t.name for t in self.quotas.teams}
         for k in self.auth.keys:
             if k.team is not None and k.team not in teams:
@@ -696,7 +719,7 @@ class Settings(BaseSettings):
 
     def local_models(self) -> tuple[ModelSettings, ...]:
         """The models whose engine uses this box's memory (not those on another box)."""
-        return tuple(m for m in self.models if m.engine != "remote")
+        return tuple(m for m in self.models if m.engine not in ELSEWHERE)
 
     def with_kv_plan(self, plan: MemoryPlan) -> Settings:
         """These settings with each local model's KV bytes taken from the plan."""
@@ -711,17 +734,25 @@ class Settings(BaseSettings):
         model (config.json) here, only the tokenizer for a model on another box or replayed."""
         lines = []
         for m in self.models:
-            needed = "tokenizer_config.json" if m.engine in ("remote", "replay") else "config.json"
+            needed = "tokenizer_config.json" if m.engine in (*ELSEWHERE, "replay") else "config.json"
             if not (self.model_path(m) / needed).is_file():
                 lines.append(f"model {m.name!r}: {self.model_path(m)} has no {needed}")
         return lines
 
     def missing_secrets(self) -> list[str]:
-        """Remote engines whose token variable is unset, as readable lines."""
-        return [
+        """Engines elsewhere whose token variable is unset, as readable lines."""
+        lines = [
             f"model {m.name!r}: ${m.remote.token_env} (the engine host's token) is not set"
             for m in self.models
             if m.remote is not None and m.engine == "remote" and not os.environ.get(m.remote.token_env)
+        ]
+        return lines + [
+            f"model {m.name!r}: ${m.vllm_server.api_key_env} (the vLLM server's API key) is not set"
+            for m in self.models
+            if m.vllm_server is not None
+            and m.engine == "vllm-server"
+            and m.vllm_server.api_key_env is not None
+            and not os.environ.get(m.vllm_server.api_key_env)
         ]
 
     def model_path(self, model: ModelSettings) -> Path:

@@ -33,7 +33,7 @@ from engine_adapter.base import Engine, EngineChunk, EngineRequest, EngineStats,
 from engine_adapter.paced import paced
 from gateway.admission import AdmissionControl
 from gateway.registry import ServedModel
-from gateway.settings import ModelSettings
+from gateway.settings import ELSEWHERE, ModelSettings
 from policies.demand import PoolLimits
 from policies.restart import GiveUp, PoolShape, Restart, RestartRule, after_death, pool_change
 
@@ -205,7 +205,7 @@ class Supervisor:
                 await asyncio.sleep(self._poll_s)
                 if engine.inner.is_healthy:
                     continue
-                if m.settings.engine == "remote":
+                if m.settings.engine in ELSEWHERE:  # its own process restarts it, not this one
                     await self._wait_for_host(m, engine)
                 elif not await self._restart(m, engine):
                     return  # left down: nothing more to watch
@@ -229,7 +229,9 @@ class Supervisor:
         return h
 
     async def _wait_for_host(self, m: ServedModel, engine: SupervisedEngine) -> None:
-        h = self._died(m, engine, "engine host unreachable")
+        h = self._died(
+            m, engine, "engine host unreachable" if m.settings.engine == "remote" else "vLLM server unreachable"
+        )
         self.admission.close(m.name, GUESS_RETRY_S)
         h.state = "unreachable"
         log.error("engine %s: its host is unreachable; closed until it answers again", m.name)
