@@ -20,7 +20,7 @@ CONFIG = ROOT / "config"
 BROKEN = Path(__file__).resolve().parent / "broken_configs"
 # The tiny models exist on this machine (`make models`); the DGX Spark's /models do not.
 LOCAL = ["default.yaml", "frontend.yaml", "replay.yaml", "sim-dgx-spark.yaml"]
-SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml"]
+SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml", "dgx-spark-vllm-server.yaml"]
 TOKEN = "SPARKGATE_ENGINE_TOKEN"
 _EXPECT = re.compile(r"^# expect \[(\w+)\] (.+)$", re.MULTILINE)
 

@@ -15,7 +15,16 @@ CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
 @pytest.mark.parametrize(
-    "name", ["default.yaml", "sim-dgx-spark.yaml", "dgx-spark.yaml", "dgx-spark-2.yaml", "replay.yaml", "frontend.yaml"]
+    "name",
+    [
+        "default.yaml",
+        "sim-dgx-spark.yaml",
+        "dgx-spark.yaml",
+        "dgx-spark-2.yaml",
+        "dgx-spark-vllm-server.yaml",
+        "replay.yaml",
+        "frontend.yaml",
+    ],
 )
 def test_config_loads(name: str) -> None:
     s = load_settings(CONFIG / name)
@@ -75,3 +84,20 @@ def test_the_real_engines_cap_long_prefills_as_the_router_assumes(tmp_path: Path
     assert real == {"qwen3.6-35b-a3b": (4096, 2096), "qwen3.8-27b": (4096, 1568), "qwen3.8-flash-next": (4096, 2048)}
     sim = load_settings(CONFIG / "sim-dgx-spark.yaml")
     assert {m.name: (m.max_num_batched_tokens, m.long_prefill_token_threshold) for m in sim.models} == real
+
+
+def test_the_vllm_server_placement_differs_only_in_flash_next() -> None:
+    """config/dgx-spark-vllm-server.yaml is config/dgx-spark.yaml with Flash-Next on a stock
+    vLLM server: the copy must not drift from the original anywhere else."""
+    one, other = load_settings(CONFIG / "dgx-spark.yaml"), load_settings(CONFIG / "dgx-spark-vllm-server.yaml")
+    flash = "qwen3.8-flash-next"
+    assert one.model_dump(exclude={"models"}) == other.model_dump(exclude={"models"})
+    rest = [m for m in one.models if m.name != flash], [m for m in other.models if m.name != flash]
+    assert rest[0] == rest[1]
+    served = next(m for m in other.models if m.name == flash)
+    assert served.engine == "vllm-server" and served.vllm_server is not None
+    assert served.vllm_server.address == "http://spark-2:8000" and served.vllm_server.api_key_env == "VLLM_API_KEY"
+    # The server's --max-num-seqs, which vLLM does not publish: as spark-2's engine config says.
+    spark2 = load_settings(CONFIG / "dgx-spark-2.yaml")
+    assert served.max_num_seqs == spark2.models[0].max_num_seqs
+    assert other.boxes() == one.boxes()
