@@ -38,6 +38,11 @@ def expectations(path: Path) -> list[tuple[str, str]]:
     return _EXPECT.findall(path.read_text())
 
 
+def test_every_shipped_config_is_checked() -> None:
+    """A config added to config/ must join one of the lists above, or nothing checks it."""
+    assert sorted(LOCAL + SPARK) == sorted(p.name for p in CONFIG.glob("*.yaml"))
+
+
 @pytest.mark.parametrize("name", LOCAL)
 def test_shipped_configs_pass_with_local_checks(name: str) -> None:
     report = check_config(CONFIG / name)
