@@ -71,6 +71,10 @@ class VllmServer:
             "--enforce-eager",
             "--enable-prefix-caching",
             "--enable-prompt-tokens-details",  # cached tokens in the usage
+            # JSON without free whitespace, as the gateway's own engines (json_whitespace:
+            # compact): an engine setting, which a request cannot ask for.
+            "--structured-outputs-config",
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
             "--host",
             "127.0.0.1",
             "--port",
@@ -204,6 +208,28 @@ def test_streaming_and_cached_tokens_come_back(gateway: Server) -> None:
     assert usage is not None and usage.completion_tokens == 10
     assert usage.prompt_tokens > 256 and usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens >= 256  # whole 128-token blocks of the system prompt
+
+
+def test_structured_output_and_logprobs_cross_the_wire(gateway: Server) -> None:
+    wait_ready(gateway, 200, seconds=STARTUP_TIMEOUT_S)
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    r = client(gateway).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Pick a colour."}],
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}},
+    )
+    assert json.loads(r.choices[0].message.content or "")["colour"] in {"red", "green", "blue"}
+    done = client(gateway).completions.create(model=MODEL, prompt=[9707, 11, 1879], max_tokens=4, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
+    assert lp.top_logprobs is not None and all(len(t) == 2 for t in lp.top_logprobs)
 
 
 def test_admission_counts_against_the_share_of_the_servers_pool(gateway: Server, vllm: VllmServer) -> None:
