@@ -17,27 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import pydantic
 
 from engine_adapter.base import (
-    IDLE_STATS,
     EngineChunk,
     EngineRequest,
     EngineRequestInvalid,
-    EngineStats,
     EngineUnavailable,
-    KVSpec,
 )
 from engine_adapter.hf_tokenizer import fingerprint, load_tokenizer
+from engine_adapter.polled import PolledEngine
 from engine_adapter.wire import PROTOCOL, Claim, EngineInfo, GenerateFrame, StatsFrame, StreamFrame
 
 log = logging.getLogger(__name__)
@@ -72,19 +67,14 @@ def _message(response: httpx.Response) -> str:
         return response.text[:200] or response.reason_phrase
 
 
-class RemoteEngine:
+class RemoteEngine(PolledEngine):
     """One model on another box, claimed by this gateway for a share of its engine."""
 
     def __init__(self, config: RemoteEngineConfig) -> None:
-        self.name = config.name
+        self._streams: set[str] = set()  # requests streaming from the host now
+        super().__init__(config.name, self._streams)
         self.config = config
-        self._client: httpx.AsyncClient | None = None
         self._info: EngineInfo | None = None
-        self._tokenizer: Any = None
-        self._stats = IDLE_STATS
-        self._healthy = False
-        self._poller: asyncio.Task[None] | None = None
-        self._live: set[str] = set()  # requests streaming from the host now
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -140,7 +130,7 @@ class RemoteEngine:
             # Admission was sized from the first grant; a different one means the host restarted
             # with other settings. Serving on would count against blocks that are not there.
             raise EngineUnavailable(f"engine {c.name} on {c.shown_address} came back with another KV pool")
-        self._info = info
+        self._info, self._spec = info, info.kv_spec
         self._healthy = info.healthy
         return info
 
@@ -164,53 +154,12 @@ class RemoteEngine:
                 self._healthy = False
 
     async def shutdown(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+        await self._stop_polling()
         if self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(httpx.HTTPError):
                 await client.delete("/claim", timeout=2.0)
             await client.aclose()
-
-    # -- facts ---------------------------------------------------------------
-
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._client
-
-    @property
-    def kv_spec(self) -> KVSpec:
-        if self._info is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._info.kv_spec
-
-    @property
-    def max_model_len(self) -> int:
-        return self.kv_spec.max_model_len
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._tokenizer
-
-    def clock(self) -> float:
-        # The gateway's clock: latency as clients see it includes the hop to the other box.
-        return time.monotonic()
-
-    @property
-    def is_healthy(self) -> bool:
-        return self._client is not None and self._healthy
-
-    def stats(self) -> EngineStats:
-        """The host engine's numbers as of the last poll (all gateways' requests), with
-        this gateway's own streams as `unfinished`."""
-        return dataclasses.replace(self._stats, unfinished=len(self._live))
 
     # -- requests -----------------------------------------------------------
 
@@ -220,7 +169,7 @@ class RemoteEngine:
             raise EngineUnavailable(f"engine {c.name} on {c.shown_address} is not available")
         body = GenerateFrame(request=request).model_dump_json()
         finished = False
-        self._live.add(request.request_id)
+        self._streams.add(request.request_id)
         try:
             async with self._http.stream("POST", "/generate", content=body) as r:
                 if r.status_code != 200:
@@ -250,7 +199,7 @@ class RemoteEngine:
         except pydantic.ValidationError as e:
             raise EngineUnavailable(f"engine {c.name} on {c.shown_address} sent a malformed frame: {e}") from e
         finally:
-            self._live.discard(request.request_id)
+            self._streams.discard(request.request_id)
             if not finished:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.abort(request.request_id))

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,6 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_adapter.base import (
-    IDLE_STATS,
     ChoiceDelta,
     EngineChunk,
     EngineRequest,
@@ -50,6 +48,7 @@ from engine_adapter.base import (
     TokenLogprob,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
+from engine_adapter.polled import PolledEngine
 
 log = logging.getLogger(__name__)
 
@@ -273,20 +272,14 @@ def _message(response: httpx.Response) -> str:
         return response.text[:300] or response.reason_phrase
 
 
-class VllmServerEngine:
+class VllmServerEngine(PolledEngine):
     """One model of a vLLM OpenAI server, reached over HTTP."""
 
     def __init__(self, config: VllmServerConfig) -> None:
-        self.name = config.name
+        self._streams: dict[str, httpx.Response] = {}  # request id -> its open stream
+        super().__init__(config.name, self._streams)
         self.config = config
-        self._client: httpx.AsyncClient | None = None
-        self._tokenizer: Any = None
         self._pool: ServerPool | None = None
-        self._spec: KVSpec | None = None
-        self._stats = IDLE_STATS
-        self._healthy = False
-        self._poller: asyncio.Task[None] | None = None
-        self._live: dict[str, httpx.Response] = {}  # request id -> its open stream
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -382,64 +375,13 @@ class VllmServerEngine:
                 self._healthy = False
 
     async def shutdown(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
-        for response in list(self._live.values()):
+        await self._stop_polling()
+        for response in list(self._streams.values()):
             with contextlib.suppress(Exception):
                 await response.aclose()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
-
-    # -- facts ---------------------------------------------------------------
-
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._client
-
-    @property
-    def kv_spec(self) -> KVSpec:
-        if self._spec is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._spec
-
-    @property
-    def max_model_len(self) -> int:
-        return self.kv_spec.max_model_len
-
-    @property
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            raise EngineUnavailable(f"engine {self.name} is not started")
-        return self._tokenizer
-
-    def clock(self) -> float:
-        return time.monotonic()
-
-    @property
-    def is_healthy(self) -> bool:
-        return self._client is not None and self._healthy
-
-    def stats(self) -> EngineStats:
-        """The server's numbers as of the last poll (all its clients'), with this gateway's
-        own streams as `unfinished`."""
-        s = self._stats
-        return EngineStats(
-            running=s.running,
-            waiting=s.waiting,
-            kv_cache_usage=s.kv_cache_usage,
-            unfinished=len(self._live),
-            preemptions=s.preemptions,
-            generation_tokens=s.generation_tokens,
-            prefix_cache_queries=s.prefix_cache_queries,
-            prefix_cache_hits=s.prefix_cache_hits,
-            steps=s.steps,
-        )
 
     # -- requests -----------------------------------------------------------
 
@@ -457,7 +399,7 @@ class VllmServerEngine:
                     if r.status_code == 400:
                         raise EngineRequestInvalid(_message(r))
                     raise EngineUnavailable(f"engine {c.name}: vLLM server HTTP {r.status_code}: {_message(r)}")
-                self._live[request.request_id] = r
+                self._streams[request.request_id] = r
                 async for line in r.aiter_lines():
                     if not line.startswith("data: "):
                         continue
@@ -477,10 +419,10 @@ class VllmServerEngine:
         finally:
             # Leaving the `async with` closed the connection: vLLM aborts a request whose
             # client went away, so its blocks free.
-            self._live.pop(request.request_id, None)
+            self._streams.pop(request.request_id, None)
 
     async def abort(self, request_id: str) -> None:
-        response = self._live.pop(request_id, None)
+        response = self._streams.pop(request_id, None)
         if response is not None:
             with contextlib.suppress(Exception):
                 await response.aclose()
