@@ -17,11 +17,13 @@ from engine_adapter.base import IDLE_STATS, EngineStats, EngineUnavailable, KVSp
 
 class PolledEngine:
     """The facts side of an engine elsewhere. A subclass sets `_spec` when it has the KV
-    spec, keeps `_stats` and `_healthy` current from its poll, and `_live` its open streams."""
+    spec, keeps `_stats` and `_healthy` current from its poll, and `_streams` its open
+    streams (set before this `__init__` runs)."""
 
     name: str
+    _streams: Sized
 
-    def __init__(self, name: str, live: Sized) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
         self._client: httpx.AsyncClient | None = None
         self._tokenizer: Any = None
@@ -29,7 +31,6 @@ class PolledEngine:
         self._stats = IDLE_STATS
         self._healthy = False
         self._poller: asyncio.Task[None] | None = None
-        self._live = live
 
     async def _stop_polling(self) -> None:
         if self._poller is not None:
@@ -71,4 +72,4 @@ class PolledEngine:
     def stats(self) -> EngineStats:
         """The engine's numbers as of the last poll (every client's requests), with this
         gateway's own open streams as `unfinished`."""
-        return dataclasses.replace(self._stats, unfinished=len(self._live))
+        return dataclasses.replace(self._stats, unfinished=len(self._streams))

@@ -72,7 +72,7 @@ class RemoteEngine(PolledEngine):
 
     def __init__(self, config: RemoteEngineConfig) -> None:
         self._streams: set[str] = set()  # requests streaming from the host now
-        super().__init__(config.name, self._streams)
+        super().__init__(config.name)
         self.config = config
         self._info: EngineInfo | None = None
 

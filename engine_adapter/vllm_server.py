@@ -277,7 +277,7 @@ class VllmServerEngine(PolledEngine):
 
     def __init__(self, config: VllmServerConfig) -> None:
         self._streams: dict[str, httpx.Response] = {}  # request id -> its open stream
-        super().__init__(config.name, self._streams)
+        super().__init__(config.name)
         self.config = config
         self._pool: ServerPool | None = None
 
