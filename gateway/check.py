@@ -25,7 +25,7 @@ from pydantic import ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from gateway.redaction import redacted_url
-from gateway.settings import ModelSettings, Settings, load_settings
+from gateway.settings import ELSEWHERE, ModelSettings, Settings, load_settings, project_root
 from policies.memory_plan import MemoryPlan, PlanDoesNotFit, fmt_bytes
 
 CODES = (
@@ -125,9 +125,8 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
 
 def _read(path: Path) -> dict[str, Any] | Problem:
     """The YAML's mapping with `base_dir` set as `load_settings` sets it."""
-    p = path.resolve()
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(path.resolve().read_text()) or {}
     except OSError as e:
         return Problem("schema", f"cannot read {path}: {e.strerror or e}")
     except yaml.YAMLError as e:
@@ -136,8 +135,7 @@ def _read(path: Path) -> dict[str, Any] | Problem:
         return Problem("schema", f"{path}: expected a mapping (server:, models:, ...) at the top level")
     if odd := [k for k in data if not isinstance(k, str)]:
         return Problem("schema", f"{path}: top-level keys are names (server:, models:, ...), not {odd[0]!r}")
-    root = p.parent.parent if p.parent.name == "config" else p.parent
-    data.setdefault("base_dir", str(root))
+    data.setdefault("base_dir", str(project_root(path)))
     return data
 
 
@@ -506,7 +504,7 @@ def _model_files(s: Settings, m: ModelSettings) -> list[Problem]:
     if not path.is_dir():
         return [Problem("model_dir", f"model {m.name!r}: {path} does not exist (models[].path)")]
     missing = s.model_copy(update={"models": (m,)}).missing_model_dirs()
-    if m.engine in ("remote", "vllm-server", "replay") and missing:
+    if m.engine in (*ELSEWHERE, "replay") and missing:
         return [Problem("tokenizer", line) for line in missing]
     problems = [Problem("model_dir", line) for line in missing]
     tokenizer = _tokenizer_dir(s, m)

@@ -325,7 +325,8 @@ class ModelSettings(_Model):
     path: str
     aliases: tuple[str, ...] = ()
     # vllm: in this process; simulated: the DGX Spark box model; remote: on another box
-    # (`path` is then a local copy of the model's tokenizer); replay: recorded Qwen3 turns
+    # (`path` is then a local copy of the model's tokenizer); vllm-server: a stock vLLM
+    # OpenAI server (`path` as for remote); replay: recorded Qwen3 turns
     # picked by a `[[replay:NAME]]` tag in the prompt (`path`: a Qwen tokenizer's directory).
     engine: Literal["vllm", "simulated", "remote", "vllm-server", "replay"] = "vllm"
     tokenizer: str | None = None
@@ -760,14 +761,19 @@ class Settings(BaseSettings):
         return p if p.is_absolute() else Path(self.base_dir) / p
 
 
+def project_root(config: Path) -> Path:
+    """What a config's relative paths resolve against: the project root (the config file's
+    parent's parent when it sits in `config/`, else its own directory)."""
+    p = config.resolve()
+    return p.parent.parent if p.parent.name == "config" else p.parent
+
+
 def load_settings(path: str | Path, **overrides: Any) -> Settings:
-    """Read a YAML config; relative paths in it resolve against the project root
-    (the config file's parent's parent when it sits in `config/`)."""
+    """Read a YAML config; relative paths in it resolve against `project_root`."""
     p = Path(path).resolve()
     data = yaml.safe_load(p.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a mapping at the top level")
-    root = p.parent.parent if p.parent.name == "config" else p.parent
-    data.setdefault("base_dir", str(root))
+    data.setdefault("base_dir", str(project_root(p)))
     data.update(overrides)
     return Settings(**data)
