@@ -156,5 +156,6 @@ class Router:
                 "observations": lane.latency.observations,
                 "idle_ttft_s_1k": round(idle.ttft_s, 4),
                 "idle_tpot_s": round(idle.tpot_s, 5),
+                "learned": lane.latency.learned(),
             }
         return out

@@ -150,6 +150,19 @@ class LatencyModel:
                 return near.value
         return 1.0
 
+    def learned(self) -> dict[str, object]:
+        """What observation has taught the model so far: each correction factor (1.0: the
+        profile as it was) with the observations behind it, the prefill work per size band
+        (keyed by the band's lowest token count)."""
+        return {
+            "observations": self.observations,
+            "overhead": {"factor": self._overhead.value, "n": len(self._overhead.ordered)},
+            "tpot": {"factor": self._tpot.value, "n": len(self._tpot.ordered)},
+            "prefill": {
+                _band_floor(b): {"factor": f.value, "n": len(f.ordered)} for b, f in sorted(self._bands.items())
+            },
+        }
+
     def observe_tpot(self, seconds: float, *, concurrency: int, context_tokens: int) -> None:
         self._add(self._tpot, seconds, self._base_tpot(concurrency, context_tokens))
 
@@ -175,6 +188,11 @@ def _band(tokens: int) -> int:
     while tokens >= 1000 * 4**band:
         band += 1
     return band
+
+
+def _band_floor(band: int) -> int:
+    """The fewest tokens of prefill work in `band`."""
+    return 0 if band == 0 else 1000 * 4 ** (band - 1)
 
 
 def slot_wait(running_remaining_s: Sequence[float], queued_service_s: Sequence[float], slots: int) -> float:

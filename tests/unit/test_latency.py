@@ -112,3 +112,22 @@ def test_remembered_predictions_stay_bounded(monkeypatch: pytest.MonkeyPatch) ->
         m.predict(prompt_tokens=100 + n)
         assert len(m._memo) <= 4
     assert m.predict(prompt_tokens=100) == first  # forgotten, then predicted the same again
+
+
+def test_learned_reports_each_factor_with_the_observations_behind_it() -> None:
+    m = LatencyModel(A3B, window=8)
+    assert m.learned() == {
+        "observations": 0,
+        "overhead": {"factor": 1.0, "n": 0},
+        "tpot": {"factor": 1.0, "n": 0},
+        "prefill": {},
+    }
+    for _ in range(3):
+        m.observe_ttft(0.05 + 2 * 8000 / 4500, prompt_tokens=8000)  # twice the profile's prefill work, 4K-16K band
+        m.observe_tpot(1.5 / 171, concurrency=1, context_tokens=100)
+    m.observe_ttft(0.1 + 10 / 4500, prompt_tokens=10)  # overhead-dominated: twice the profile's overhead
+    got = m.learned()
+    assert got["observations"] == 7
+    assert got["prefill"] == {4000: {"factor": pytest.approx(2.0), "n": 3}}
+    assert got["tpot"] == {"factor": pytest.approx(1.5), "n": 3}
+    assert got["overhead"] == {"factor": pytest.approx(2.0), "n": 1}
