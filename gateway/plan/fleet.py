@@ -43,6 +43,10 @@ class Deployed:
     latency: LatencyProfile = field(default_factory=LatencyProfile)
     max_num_batched_tokens: int = STEP_TOKENS  # the engine's scheduler, as configured
     long_prefill_token_threshold: int = 0
+    # The engine's KV block in tokens, where it is not the serving's: vLLM stretches a hybrid
+    # model's attention blocks to its linear-attention state page (2,096 / 1,568 tokens for the
+    # Qwen3.6 shapes with FP8 KV), and the prefix cache then reuses whole blocks only.
+    block_size: int | None = None
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -233,7 +237,9 @@ class Fleet:
                 kv_cache_bytes=int(d.kv_gib * GiB),
                 max_num_batched_tokens=d.max_num_batched_tokens,
                 long_prefill_token_threshold=d.long_prefill_token_threshold,
-                serving=placement.serving,
+                serving=placement.serving
+                if d.block_size is None
+                else dataclasses.replace(placement.serving, block_size=d.block_size),
             )
             sim = BoxSim(spec, placement.box, config)
             self.lanes[d.name] = _Lane(d, sim)

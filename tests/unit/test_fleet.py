@@ -312,3 +312,22 @@ def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     alone = lane.latency.predict(prompt_tokens=40_000).ttft_s
     assert lane.predict_tokens(40_000, 0, 10).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
     assert lane.predict_tokens(1_000, 0, 10).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)
+
+
+def test_a_deployed_block_size_is_the_engine_s_and_caches_whole_blocks_only() -> None:
+    """A hybrid engine's stretched blocks: a shared prefix shorter than one block is never reused."""
+
+    def second_ttft(block_size: int | None) -> float:
+        d = Deployed("m", "Qwen3.6-35B-A3B", "b", 8.0, latency=A3B, block_size=block_size)
+        fleet = Fleet(Placement("p", (d,)), ROUTING, "m")
+        assert fleet.lanes["m"].sim.kv_spec().block_size == (block_size or 16)
+        shared = tuple(range(1000, 2000))
+        kind = RequestKind("chat", 1.0, (1200, 1200), 4, "interactive", shared_prefix=1000)
+        first = Arrival("a", 0.0, kind, (*shared, *range(5000, 5200)))
+        fleet.run([first, Arrival("b", 5.0, kind, (*shared, *range(6000, 6200)))])
+        o = fleet.outcomes["b"]
+        assert o.first is not None
+        return o.first - o.arrival
+
+    # 16-token blocks reuse 992 of the 1,000 shared tokens; one 2,096-token block reuses none
+    assert second_ttft(None) < 0.7 * second_ttft(2096)
