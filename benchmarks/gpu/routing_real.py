@@ -1,0 +1,712 @@
+"""Routing on real engines (issue 21): one sparkgate serving the Qwen3.6-35B-A3B shape and the 27B
+shape co-resident on one H200 (CUDA vLLM 0.26, dummy weights), the team's mix, the router against
+each model alone and round-robin; and the box model's prediction of the same runs.
+
+The engines: FP8 weights (vLLM's online quantization: bf16 weights of both shapes leave too
+little of the GPU for KV), FP8 KV, 16 GiB of KV each, the DGX Spark deployment's scheduler (4
+slots, 4,096-token steps, the long-prefill cap of one hybrid block, prefix caching, CUDA graphs,
+no asynchronous scheduling), no speculative decoding (random weights accept no drafts). The
+config's `placement` puts both on one box, so the router counts them as box-mates. Their latency
+profiles (what the router starts from) are the box model's for the H200 from its datasheet
+(`profile()`), not measured: the router learns the rest online.
+
+The load: `benchmarks/routing.py`'s mix and SLO classes (`gateway/plan/fleet.py`: chat 70%,
+long-document questions 10%, summaries 20%), Poisson arrivals at `--rate` for `--window` s,
+generated exactly as the box model's (`fleet.arrivals`, same seeds), each prompt written out as
+text of that many tokens, sent open-loop with the `openai` SDK (streaming chat completions,
+`ignore_eos`, the kind's output length, its SLO class in `X-Sparkgate-SLO`). Strategies, each on
+the same arrivals, one after another on the one gateway:
+
+- router: `model: "auto"`, a fresh router (its latency factors back at the profile) per run;
+- round-robin: the models in turn, by name, routing off (no SLO check, no hold);
+- <model> alone: every request to that model by name, routing off; the other engine idles.
+
+A request meets its objective when its whole answer arrived within `--window` + `--grace` s of
+the start and its TTFT and TPOT (or its total, for deadlines) meet its class. An early 429
+(`slo_unattainable`) and a request unfinished at the cut-off count as misses. The prediction
+(`--predict`) replays the same arrivals on the box model (`engine_adapter/spark`, the built-in
+`h200` box, the same serving and blocks) with the same cut-off, the router there being the
+gateway's own code on a virtual clock.
+
+    python3 benchmarks/gpu/routing_real.py run OUT --rate 1.4 --seeds 1 2 3      # on the GPU machine
+    python3 benchmarks/gpu/routing_real.py run OUT --shape cpu-tiny --rate 0.5 --window 20   # a dry run here
+    .venv/bin/python benchmarks/gpu/routing_real.py plan --rates 1 1.2 1.4 1.6   # the box model's sweep
+    .venv/bin/python benchmarks/gpu/routing_real.py report benchmarks/gpu/routing_real_result/*.json
+
+`run` writes OUT/routing_real_RATE.json after every strategy (a run cut short keeps what it
+measured): every request's kind, times and outcome, and for router runs the router's learned
+latency factors polled every 2 s. `report` prints measured vs predicted attainment per strategy
+and class, TTFT/TPOT percentiles, rejections, and what the router learned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu.side_by_side import free_port, model_dir, stop, wait_health  # noqa: E402
+from gateway.plan.fleet import DEFAULT_WORKLOAD, Arrival, Deployed, Fleet, Placement, RequestKind, arrivals  # noqa: E402
+from gateway.settings import LatencyProfile, RoutingSettings  # noqa: E402
+
+API_KEY = "sk-routing-real"
+GiB = 1024**3
+WINDOW_S = 60.0
+GRACE_S = 30.0
+KV_GIB = 16
+SLOTS = 4  # config/dgx-spark.yaml
+STEP_TOKENS = 4096
+# The SLO classes of config/sim-dgx-spark.yaml and config/dgx-spark.yaml, verbatim.
+ROUTING: dict[str, Any] = {
+    "enabled": True,
+    "classes": {
+        "interactive": {"ttft_s": 2.0, "tpot_s": 0.06, "reserve_slots": 2},
+        "document": {"ttft_s": 60.0, "tpot_s": 0.06, "prefer": "fast"},
+        "batch": {"deadline_s": 300.0, "prefer": "fast"},
+    },
+    "default_class": "interactive",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    name: str  # the served name (config/dgx-spark.yaml's)
+    shape: str  # side_by_side's shape key (its config and tokenizer)
+    model: str  # the box model's key
+    quality: float
+    block: int  # the engine's KV block with FP8 KV: its long-prefill cap and prefix-cache unit
+
+
+MODELS = (
+    Served("qwen3.6-35b-a3b", "35b-a3b", "Qwen3.6-35B-A3B", 25, 2096),
+    Served("qwen3.8-27b", "27b", "Qwen3.8-27B", 34, 1568),
+)
+# A dry run of the whole harness on the CPU build: two tiny engines and a mix a hundredth the size.
+CPU_MODELS = (
+    Served("qwen3.6-35b-a3b", "tiny-qwen3-moe", "Qwen3.6-35B-A3B", 25, 16),
+    Served("qwen3.8-27b", "tiny-qwen3", "Qwen3.8-27B", 34, 16),
+)
+CPU_WORKLOAD = tuple(
+    dataclasses.replace(
+        k,
+        prompt_tokens=(k.prompt_tokens[0] // 50, k.prompt_tokens[1] // 50),
+        output_tokens=k.output_tokens // 20,
+        shared_prefix=k.shared_prefix // 50,
+    )
+    for k in DEFAULT_WORKLOAD
+)
+
+
+WORKLOADS = {"gpu": DEFAULT_WORKLOAD, "cpu-tiny": CPU_WORKLOAD}
+
+
+def serving() -> Any:
+    from engine_adapter.spark import Serving
+
+    # dummy weights: random routers spread every token over all the experts
+    return Serving(weight_dtype="fp8", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+
+
+# --------------------------------------------------------------------------- the box model
+
+
+def profile(s: Served) -> LatencyProfile:
+    """The router's starting profile for `s` on the H200, from the box model alone: TTFT of one
+    request at 16, 2K and 32K tokens fixes overhead, rate and the quadratic term; decode at 1
+    and 4 sequences and at 32K of context fixes the TPOT terms."""
+    from benchmarks.sim_vs_measured import round_times
+    from engine_adapter.spark import H200, BoxSim, SimConfig
+    from engine_adapter.spark import MODELS as SPECS
+
+    def one(concurrency: int, tokens: int) -> tuple[float, float]:
+        config = SimConfig(
+            max_num_seqs=SLOTS,
+            max_num_batched_tokens=STEP_TOKENS,
+            long_prefill_token_threshold=s.block,
+            kv_cache_bytes=KV_GIB * GiB,
+            serving=dataclasses.replace(serving(), block_size=s.block),
+        )
+        first, last = round_times(BoxSim(SPECS[s.model], H200, config), concurrency, tokens, 64)
+        return statistics.fmean(first.values()), statistics.fmean((last[r] - first[r]) / 63 for r in first)
+
+    (t0, tpot1), (t2, _), (t32, tpot32) = one(1, 16), one(1, 2000), one(1, 32000)
+    _, tpot4 = one(4, 16)
+    # t(n) = t0 + n / rate + q * (n / 1000)^2 through the three points
+    a = [[2000.0, 4.0], [32000.0, 1024.0]]
+    b = [t2 - t0, t32 - t0]
+    det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+    inv_rate = (b[0] * a[1][1] - a[0][1] * b[1]) / det
+    q = (a[0][0] * b[1] - b[0] * a[1][0]) / det
+    return LatencyProfile(
+        prefill_tokens_per_s=round(1 / inv_rate),
+        ttft_overhead_s=round(t0, 4),
+        prefill_s_per_ktoken2=round(max(0.0, q), 7),
+        tpot_s=round(tpot1, 5),
+        tpot_per_sequence_s=round(max(0.0, (tpot4 - tpot1) / 3), 6),
+        tpot_per_ktoken_s=round(max(0.0, (tpot32 - tpot1) / 32), 7),
+    )
+
+
+def placement(profiles: dict[str, LatencyProfile]) -> Placement:
+    from engine_adapter.spark import H200
+
+    return Placement(
+        "one-h200",
+        tuple(
+            Deployed(
+                s.name,
+                s.model,
+                "h200",
+                KV_GIB,
+                s.quality,
+                profiles[s.name],
+                max_num_batched_tokens=STEP_TOKENS,
+                long_prefill_token_threshold=s.block,
+                block_size=s.block,
+            )
+            for s in MODELS
+        ),
+        box=H200,
+        serving=serving(),
+    )
+
+
+def strategies() -> list[str]:
+    return ["router", *(f"{s.name} alone" for s in MODELS), "round-robin"]
+
+
+def predict(
+    strategy: str,
+    rate: float,
+    window: float,
+    grace: float,
+    seed: int,
+    profiles: dict[str, LatencyProfile],
+    workload: Sequence[RequestKind] = DEFAULT_WORKLOAD,
+) -> list[dict[str, Any]]:
+    """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
+    routing = RoutingSettings(**ROUTING)
+    fleet = Fleet(placement(profiles), routing, strategy.removesuffix(" alone"))
+    load = arrivals(workload, rate, window, seed)
+    fleet.run(load)
+    out = []
+    for a in load:
+        o = fleet.outcomes[a.id]
+        rec: dict[str, Any] = {"kind": a.kind.name, "t": a.t, "model": o.model, "output": a.kind.output_tokens}
+        if o.model is None:
+            rec["error"] = "slo_unattainable"
+        elif o.first is not None and o.last is not None:
+            rec |= {"ttft_s": o.first - a.t, "end_s": o.last, "tokens": o.tokens}
+            rec["tpot_s"] = (o.last - o.first) / max(1, o.tokens - 1)
+        out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- judging (both sides)
+
+
+def met(rec: dict[str, Any], cutoff: float) -> bool:
+    """Whether a request met its class's objectives with its whole answer in by `cutoff` (s from
+    the start): what both the measured and the predicted runs are judged by."""
+    from gateway.router import slo_classes
+    from policies.latency import Prediction
+
+    if "ttft_s" not in rec or rec.get("tokens", 0) < rec["output"] or rec["end_s"] > cutoff:
+        return False
+    slo = slo_classes(RoutingSettings(**ROUTING))[KINDS[rec["kind"]].slo]
+    return not slo.misses(Prediction(rec["ttft_s"], rec["tpot_s"]), rec["output"])
+
+
+KINDS = {k.name: k for k in DEFAULT_WORKLOAD}
+
+
+def summary(recs: Sequence[dict[str, Any]], cutoff: float) -> dict[str, Any]:
+    kinds: dict[str, list[int]] = {k: [0, 0] for k in KINDS}
+    for r in recs:
+        kinds[r["kind"]][1] += 1
+        kinds[r["kind"]][0] += met(r, cutoff)
+    done = [r for r in recs if "ttft_s" in r and r["end_s"] <= cutoff and r.get("tokens", 0) >= r["output"]]
+
+    def q(xs: list[float], p: float) -> float | None:
+        xs = sorted(xs)
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))], 3) if xs else None
+
+    ttft = [r["ttft_s"] for r in done]
+    chat_tpot = [r["tpot_s"] for r in done if r["kind"] == "chat"]
+    good = sum(m for m, _ in kinds.values())
+    return {
+        "offered": len(recs),
+        "met": good,
+        "attainment": good / len(recs) if recs else 1.0,
+        "by_kind": {k: tuple(v) for k, v in kinds.items()},
+        "rejected": sum(1 for r in recs if r.get("error") == "slo_unattainable"),
+        "errors": sum(1 for r in recs if r.get("error") not in (None, "slo_unattainable", "unfinished")),
+        "unfinished": sum(1 for r in recs if r.get("error") == "unfinished"),
+        "ttft_p50": q(ttft, 0.5),
+        "ttft_p95": q(ttft, 0.95),
+        "ttft_p99": q(ttft, 0.99),
+        "chat_tpot_p50": q(chat_tpot, 0.5),
+        "chat_tpot_p95": q(chat_tpot, 0.95),
+        "by_model": {
+            m: sum(1 for r in recs if r.get("model") == m) for m in sorted({str(r.get("model")) for r in recs})
+        },
+    }
+
+
+# --------------------------------------------------------------------------- the gateway (child process)
+
+
+def gateway_settings(shape: str, port: int, work: Path, profiles: dict[str, LatencyProfile]) -> dict[str, Any]:
+    from gateway.settings import hash_key
+
+    models = []
+    for s in CPU_MODELS if shape == "cpu-tiny" else MODELS:
+        m: dict[str, Any] = {
+            "name": s.name,
+            "quality": s.quality,
+            "max_num_seqs": SLOTS,
+            "max_num_batched_tokens": STEP_TOKENS,
+            "enable_prefix_caching": True,
+            "load_format": "dummy",
+            "dtype": "bfloat16",
+            "seed": 0,
+            "latency": profiles[s.name].model_dump(),
+        }
+        if shape == "cpu-tiny":
+            m |= {"path": str(ROOT / "models" / s.shape), "max_model_len": 4096, "enforce_eager": True}
+            m |= {"kv_cache_bytes": 256 * 1024**2}
+        else:
+            m |= {"path": str(model_dir(s.shape)), "max_model_len": 65536, "enforce_eager": False}
+            m |= {"kv_cache_bytes": KV_GIB * GiB, "kv_cache_dtype": "fp8", "long_prefill_token_threshold": s.block}
+            m["engine_args"] = {
+                "language_model_only": True,
+                "gdn_prefill_backend": "triton",  # no FlashInfer on the GPU machine
+                "quantization": "fp8",
+                "async_scheduling": False,  # config/dgx-spark.yaml
+                # vLLM refuses to start unless this share of the GPU is free: the second engine
+                # starts beside the first
+                "gpu_memory_utilization": 0.45,
+            }
+        models.append(m)
+    return {
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "warning", "cache_dir": str(work / "cache")},
+        "auth": {
+            "required": True,
+            "keys": [{"name": "bench", "sha256": hash_key(API_KEY), "allow_substitution": False}],
+        },
+        "routing": ROUTING,
+        "models": models,
+        "placement": {"name": "one-h200", "boxes": [{"name": "h200", "models": [s["name"] for s in models]}]},
+    }
+
+
+def serve(settings_path: str) -> None:
+    """Child: `sparkgate serve` as the CLI runs it, plus POST /bench/router {"router": "fresh" |
+    "off"}: a fresh router (its learned factors back at the profiles) or routing off."""
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    from gateway import cli
+    from gateway.app import create_app
+    from gateway.router import Router
+    from gateway.settings import Settings
+
+    settings = Settings(**json.loads(Path(settings_path).read_text()))
+
+    async def bench_router(request: Request) -> JSONResponse:
+        state = request.app.state.sparkgate
+        mode = (await request.json())["router"]
+        if mode == "off":
+            state.router = None
+        else:
+            state.router = Router(settings.routing, list(state.registry), settings.boxes())
+            state.router.down_retry_after = state.supervisor.retry_after
+        return JSONResponse({"router": mode})
+
+    def app_factory(s: Settings, drain: Any) -> Any:
+        app = create_app(s, drain=drain)
+        app.add_route("/bench/router", bench_router, methods=["POST"])
+        return app
+
+    cli._run(settings, app_factory, None, None, False)
+
+
+# --------------------------------------------------------------------------- the client (driver)
+
+
+class Words:
+    """Prompt text of a given token count: each id becomes one of the tokenizer's single-token
+    words (a space and 3-8 lowercase letters), which the Qwen tokenizer keeps one token each."""
+
+    def __init__(self, tokenizer_json: Path) -> None:
+        vocab = json.loads(tokenizer_json.read_text())["model"]["vocab"]
+        self.words = sorted(
+            w[1:]
+            for w in vocab
+            if w.startswith("\u0120")
+            and 3 <= len(w) - 1 <= 8
+            and w[1:].isascii()
+            and w[1:].isalpha()
+            and w[1:].islower()
+        )
+
+    def text(self, ids: Sequence[int]) -> str:
+        return "".join(" " + self.words[i % len(self.words)] for i in ids)
+
+
+def messages(a: Arrival, words: Words) -> list[dict[str, str]]:
+    shared = a.kind.shared_prefix
+    if shared:
+        return [
+            {"role": "system", "content": words.text(a.prompt[:shared])},
+            {"role": "user", "content": words.text(a.prompt[shared:])},
+        ]
+    return [{"role": "user", "content": words.text(a.prompt)}]
+
+
+async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float) -> dict[str, Any]:
+    import openai
+
+    rec: dict[str, Any] = {"id": a.id, "kind": a.kind.name, "t": a.t, "output": a.kind.output_tokens, "model": model}
+    await asyncio.sleep(max(0.0, t_start + a.t - time.perf_counter()))
+    sent = time.perf_counter()
+    first = last = None
+    tokens = 0
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages(a, words),
+            max_tokens=a.kind.output_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Sparkgate-SLO": a.kind.slo},
+        )
+        rec["model"] = raw.headers.get("x-sparkgate-model", model)
+        async for chunk in raw.parse():
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or now
+                last = now
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+                rec["prompt_tokens"] = chunk.usage.prompt_tokens
+    except asyncio.CancelledError:
+        rec["error"] = "unfinished"
+        if first is not None:
+            rec["ttft_s"] = first - sent
+        return rec
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        rec["error"] = str(body.get("code") or e.status_code)
+        rec["status"] = e.status_code
+        return rec
+    except openai.APIError as e:
+        rec["error"] = type(e).__name__
+        return rec
+    if first is None or last is None:
+        rec["error"] = "no_output"
+        return rec
+    rec |= {
+        "ttft_s": first - sent,
+        "tpot_s": (last - first) / max(1, tokens - 1),
+        "end_s": last - t_start,
+        "tokens": tokens,
+        "late_s": sent - (t_start + a.t),  # how late the client sent it (its own lag)
+    }
+    return rec
+
+
+def _call(port: int, path: str, body: dict[str, Any] | None) -> Any:
+    """The harness's own calls to the gateway (stdlib: the GPU image's HTTP libraries vary)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        method="GET" if body is None else "POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+async def get(port: int, path: str) -> Any:
+    return await asyncio.to_thread(_call, port, path, None)
+
+
+async def post(port: int, path: str, body: dict[str, Any]) -> Any:
+    return await asyncio.to_thread(_call, port, path, body)
+
+
+async def idle(port: int, timeout_s: float = 120.0) -> None:
+    """Until no request is in flight on the gateway (aborted streams drain)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        stats = await get(port, "/sparkgate/stats")
+        if all(e["inflight"] == 0 for e in stats["engines"].values()):
+            return
+        await asyncio.sleep(0.5)
+
+
+async def drive(
+    port: int, strategy: str, load: list[Arrival], window: float, grace: float, words: Words
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """One strategy on `load`: every request's record, the router's learned factors over time."""
+    import openai
+
+    await idle(port)
+    await post(port, "/bench/router", {"router": "fresh" if strategy == "router" else "off"})
+    names = [s.name for s in MODELS]
+    turn = itertools.cycle(names)
+
+    def model_for(a: Arrival) -> str:
+        if strategy == "router":
+            return "auto"
+        if strategy == "round-robin":
+            return next(turn)
+        return strategy.removesuffix(" alone")
+
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0, timeout=window + grace + 60
+    )
+    learned: list[dict[str, Any]] = []
+    t_start = time.perf_counter() + 0.5
+    tasks = [asyncio.create_task(one(client, model_for(a), a, words, t_start)) for a in load]
+
+    async def poll() -> None:
+        while True:
+            stats = await get(port, "/sparkgate/stats")
+            if stats["routing"] is not None:
+                t = round(time.perf_counter() - t_start, 2)
+                learned.append({"t": t, "models": {m: v["learned"] for m, v in stats["routing"]["models"].items()}})
+            await asyncio.sleep(2.0)
+
+    poller = asyncio.create_task(poll()) if strategy == "router" else None
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, t_start + window + grace - time.perf_counter()))
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    if poller is not None:
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+        stats = await get(port, "/sparkgate/stats")
+        t = round(time.perf_counter() - t_start, 2)
+        learned.append({"t": t, "models": {m: v["learned"] for m, v in stats["routing"]["models"].items()}})
+    wall = time.perf_counter() - t_start
+    await client.close()
+    return [t.result() for t in tasks], learned, wall
+
+
+def run(a: argparse.Namespace) -> int:
+    started = time.monotonic()
+    work = Path("/tmp/routing-real")
+    work.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    served = CPU_MODELS if a.shape == "cpu-tiny" else MODELS
+    profiles = {s.name: profile(MODELS[i]) for i, s in enumerate(served)}
+    port = free_port()
+    sp = work / "settings.json"
+    sp.write_text(json.dumps(gateway_settings(a.shape, port, work, profiles)))
+    log = a.out / f"gateway_{a.shape}.log"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(sp)], stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+    dest = a.out / f"routing_real_{a.shape}_{a.rate:g}.json"
+    doc: dict[str, Any] = {"runs": []}
+    if a.resume is not None and a.resume.exists():  # an earlier call's runs: skipped here, kept in `dest`
+        doc = json.loads(a.resume.read_text())
+    doc |= {
+        "shape": a.shape,
+        "rate": a.rate,
+        "window_s": a.window,
+        "grace_s": a.grace,
+        "kv_gib": KV_GIB,
+        "slots": SLOTS,
+        "routing": ROUTING,
+        "profiles": {k: v.model_dump() for k, v in profiles.items()},
+    }
+    try:
+        up = wait_health(port, proc, log, a.start_timeout)
+        doc.setdefault("startup_s", []).append(round(up, 1))
+        print(f"gateway up in {up:.0f} s", flush=True)
+        words = Words(
+            Path(model_dir(MODELS[0].shape) if a.shape != "cpu-tiny" else ROOT / "models" / served[0].shape)
+            / "tokenizer.json"
+        )
+        workload = WORKLOADS[a.shape]
+        done = {(r["strategy"], r["seed"]) for r in doc["runs"]}
+        order = a.only or strategies()
+        for seed in a.seeds:
+            for strategy in order:
+                if (strategy, seed) in done:
+                    continue
+                if time.monotonic() - started > a.budget:
+                    print(f"budget of {a.budget:g} s spent: stopping before {strategy} seed {seed}", flush=True)
+                    return 0
+                load = arrivals(workload, a.rate, a.window, seed)
+                recs, learned, wall = asyncio.run(drive(port, strategy, load, a.window, a.grace, words))
+                s = summary(recs, a.window + a.grace)
+                doc["runs"].append(
+                    {"strategy": strategy, "seed": seed, "wall_s": round(wall, 1), "requests": recs, "learned": learned}
+                )
+                dest.write_text(json.dumps(doc, indent=1))
+                print(
+                    f"seed {seed} {strategy:<24} {s['met']:>3}/{s['offered']:<3} {s['attainment']:6.1%} rejected"
+                    f" {s['rejected']} unfinished {s['unfinished']} errors {s['errors']} TTFT p50 {s['ttft_p50']}"
+                    f" p95 {s['ttft_p95']}  {s['by_kind']}  ({wall:.0f} s)",
+                    flush=True,
+                )
+    finally:
+        stop(proc)
+    return 0
+
+
+# --------------------------------------------------------------------------- box-model sweep and report
+
+
+def plan(a: argparse.Namespace) -> int:
+    profiles = {s.name: profile(s) for s in MODELS}
+    for name, p in profiles.items():
+        print(f"profile {name}: {p.model_dump()}")
+    for rate in a.rates:
+        for strategy in a.only or strategies():
+            recs = [r for seed in a.seeds for r in predict(strategy, rate, a.window, a.grace, seed, profiles)]
+            s = summary(recs, a.window + a.grace)
+            print(
+                f"{rate:>5g} {strategy:<24} {s['met']:>4}/{s['offered']:<4} {s['attainment']:6.1%}"
+                f" rejected {s['rejected']:>3}"
+                f" TTFT p50 {s['ttft_p50']} p95 {s['ttft_p95']}  {s['by_kind']}",
+                flush=True,
+            )
+        print()
+    return 0
+
+
+def report(a: argparse.Namespace) -> int:
+    groups: dict[tuple[str, float, float, float], dict[str, Any]] = {}
+    for path in a.results:  # the runs of one setting, from however many calls, as one
+        doc = json.loads(Path(path).read_text())
+        key = (doc["shape"], doc["rate"], doc["window_s"], doc["grace_s"])
+        if key in groups:
+            groups[key]["runs"] += doc["runs"]
+            groups[key]["path"] += f", {path}"
+        else:
+            groups[key] = doc | {"path": str(path)}
+    for doc in groups.values():
+        path, rate, window, grace = doc["path"], doc["rate"], doc["window_s"], doc["grace_s"]
+        profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
+        seeds = sorted({r["seed"] for r in doc["runs"]})
+        print(f"{path}: {rate} req/s, {window:g} s of arrivals + {grace:g} s grace, seeds {seeds}")
+        header = (
+            f"{'strategy':<24}{'offered':>8}{'measured':>10}{'predicted':>10}{'diff':>7}  per kind measured | predicted"
+        )
+        print(header)
+        for strategy in strategies():
+            runs = [r for r in doc["runs"] if r["strategy"] == strategy]
+            if not runs:
+                continue
+            measured = summary([q for r in runs for q in r["requests"]], window + grace)
+            pred = summary(
+                [
+                    q
+                    for r in runs
+                    for q in predict(strategy, rate, window, grace, r["seed"], profiles, WORKLOADS[doc["shape"]])
+                ],
+                window + grace,
+            )
+            diff = 100 * (measured["attainment"] - pred["attainment"])
+            print(
+                f"{strategy:<24}{measured['offered']:>8}{measured['attainment']:>10.1%}{pred['attainment']:>10.1%}"
+                f"{diff:>+6.1f}p  {measured['by_kind']} | {pred['by_kind']}"
+            )
+            for side, s in (("measured", measured), ("predicted", pred)):
+                print(
+                    f"    {side:<10} rejected {s['rejected']} unfinished {s['unfinished']} errors {s['errors']}"
+                    f" TTFT p50/p95/p99 {s['ttft_p50']}/{s['ttft_p95']}/{s['ttft_p99']} s"
+                    f" chat TPOT p50/p95 {s['chat_tpot_p50']}/{s['chat_tpot_p95']} s by model {s['by_model']}"
+                )
+        for r in doc["runs"]:
+            if r["strategy"] == "router" and r["learned"]:
+                print(f"router seed {r['seed']}: learned factors over the run")
+                for line in learned_report(r["learned"]):
+                    print("    " + line)
+        print()
+    return 0
+
+
+def learned_report(series: list[dict[str, Any]], tolerance: float = 0.1) -> list[str]:
+    """Per model and factor: its value at the end, the observations behind it, and the model's
+    observation count from which on the factor stayed within `tolerance` of that end value."""
+    out = []
+    for model, final in series[-1]["models"].items():
+
+        def factor(point: dict[str, Any], key: tuple[str, ...], model: str = model) -> float | None:
+            f = point["models"][model]
+            for k in key:
+                f = f.get(k) if isinstance(f, dict) else None
+            return None if f is None else float(f["factor"])
+
+        keys = [("overhead",), ("tpot",)] + [("prefill", b) for b in final["prefill"]]
+        parts = [f"{model}: {final['observations']} observations"]
+        for key in keys:
+            end = factor(series[-1], key)
+            assert end is not None
+            settled = final["observations"]
+            for point in reversed(series):
+                f = factor(point, key)
+                if f is None or abs(f - end) > tolerance * end:
+                    break
+                settled = point["models"][model]["observations"]
+            n = final[key[0]]["n"] if len(key) == 1 else final["prefill"][key[1]]["n"]
+            name = key[0] if len(key) == 1 else f"prefill >={int(key[1]) / 1000:g}K"
+            parts.append(f"{name} x{end:.2f} (n={n}, within {tolerance:.0%} from observation {settled})")
+        out.append("; ".join(parts))
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="the gateway and the strategies on real engines")
+    r.add_argument("out", type=Path)
+    r.add_argument("--shape", choices=["gpu", "cpu-tiny"], default="gpu")
+    r.add_argument("--rate", type=float, required=True)
+    r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    r.add_argument("--only", nargs="+", metavar="STRATEGY", choices=strategies())
+    r.add_argument("--window", type=float, default=WINDOW_S)
+    r.add_argument("--grace", type=float, default=GRACE_S)
+    r.add_argument("--budget", type=float, default=1e9, help="start no run after this many seconds")
+    r.add_argument("--start-timeout", type=float, default=900.0)
+    r.add_argument("--resume", type=Path, help="an earlier run's JSON: its runs are kept, not repeated")
+    p = sub.add_parser("plan", help="the box model's attainment per strategy at these loads")
+    p.add_argument("--rates", type=float, nargs="+", required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--only", nargs="+", metavar="STRATEGY", choices=strategies())
+    p.add_argument("--window", type=float, default=WINDOW_S)
+    p.add_argument("--grace", type=float, default=GRACE_S)
+    q = sub.add_parser("report", help="measured vs predicted, and what the router learned")
+    q.add_argument("results", nargs="+")
+    a = ap.parse_args()
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return {"run": run, "plan": plan, "report": report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
