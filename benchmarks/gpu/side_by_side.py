@@ -429,7 +429,7 @@ def serve_gateway(settings_path: str) -> None:
         app.add_api_route("/bench/trace", take_trace, methods=["POST"])
         return traced_asgi(app)
 
-    cli._run(settings, app_factory, None, None)
+    cli._run(settings, app_factory, None, None, False)
 
 
 # --------------------------------------------------------------------------- HTTP client (driver)
