@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu.side_by_side import free_port, model_dir, stop, wait_health  # noqa: E402
 from gateway.plan.fleet import DEFAULT_WORKLOAD, Arrival, Deployed, Fleet, Placement, RequestKind, arrivals  # noqa: E402
+from gateway.router import slo_classes  # noqa: E402
 from gateway.settings import LatencyProfile, RoutingSettings  # noqa: E402
 
 API_KEY = "sk-routing-real"
@@ -79,6 +80,7 @@ ROUTING: dict[str, Any] = {
     },
     "default_class": "interactive",
 }
+ROUTING_SETTINGS = RoutingSettings(**ROUTING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +200,7 @@ def predict(
     workload: Sequence[RequestKind] = DEFAULT_WORKLOAD,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
-    routing = RoutingSettings(**ROUTING)
-    fleet = Fleet(placement(profiles), routing, strategy.removesuffix(" alone"))
+    fleet = Fleet(placement(profiles), ROUTING_SETTINGS, strategy.removesuffix(" alone"))
     load = arrivals(workload, rate, window, seed)
     fleet.run(load)
     out = []
@@ -218,19 +219,25 @@ def predict(
 # --------------------------------------------------------------------------- judging (both sides)
 
 
+def complete(rec: dict[str, Any], cutoff: float) -> bool:
+    """Whether a request's whole answer was in by `cutoff` (s from the start). A stream cut off
+    after its first token has a TTFT but neither its tokens nor an end."""
+    return rec.get("tokens", 0) >= rec["output"] and rec["end_s"] <= cutoff
+
+
 def met(rec: dict[str, Any], cutoff: float) -> bool:
-    """Whether a request met its class's objectives with its whole answer in by `cutoff` (s from
-    the start): what both the measured and the predicted runs are judged by."""
-    from gateway.router import slo_classes
+    """Whether a request met its class's objectives with its whole answer in by `cutoff`: what
+    both the measured and the predicted runs are judged by."""
     from policies.latency import Prediction
 
-    if "ttft_s" not in rec or rec.get("tokens", 0) < rec["output"] or rec["end_s"] > cutoff:
+    if not complete(rec, cutoff):
         return False
-    slo = slo_classes(RoutingSettings(**ROUTING))[KINDS[rec["kind"]].slo]
+    slo = SLOS[KINDS[rec["kind"]].slo]
     return not slo.misses(Prediction(rec["ttft_s"], rec["tpot_s"]), rec["output"])
 
 
 KINDS = {k.name: k for k in DEFAULT_WORKLOAD}
+SLOS = slo_classes(ROUTING_SETTINGS)  # the objectives themselves, as the router reads them
 
 
 def summary(recs: Sequence[dict[str, Any]], cutoff: float) -> dict[str, Any]:
@@ -238,7 +245,7 @@ def summary(recs: Sequence[dict[str, Any]], cutoff: float) -> dict[str, Any]:
     for r in recs:
         kinds[r["kind"]][1] += 1
         kinds[r["kind"]][0] += met(r, cutoff)
-    done = [r for r in recs if "ttft_s" in r and r["end_s"] <= cutoff and r.get("tokens", 0) >= r["output"]]
+    done = [r for r in recs if complete(r, cutoff)]
 
     def q(xs: list[float], p: float) -> float | None:
         xs = sorted(xs)
@@ -487,12 +494,16 @@ async def drive(
     t_start = time.perf_counter() + 0.5
     tasks = [asyncio.create_task(one(client, model_for(a), a, words, t_start)) for a in load]
 
+    async def snapshot() -> None:
+        """The router's learned factors now (absent while routing is off)."""
+        stats = await get(port, "/sparkgate/stats")
+        if stats["routing"] is not None:
+            t = round(time.perf_counter() - t_start, 2)
+            learned.append({"t": t, "models": {m: v["learned"] for m, v in stats["routing"]["models"].items()}})
+
     async def poll() -> None:
         while True:
-            stats = await get(port, "/sparkgate/stats")
-            if stats["routing"] is not None:
-                t = round(time.perf_counter() - t_start, 2)
-                learned.append({"t": t, "models": {m: v["learned"] for m, v in stats["routing"]["models"].items()}})
+            await snapshot()
             await asyncio.sleep(2.0)
 
     poller = asyncio.create_task(poll()) if strategy == "router" else None
@@ -503,9 +514,7 @@ async def drive(
     if poller is not None:
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
-        stats = await get(port, "/sparkgate/stats")
-        t = round(time.perf_counter() - t_start, 2)
-        learned.append({"t": t, "models": {m: v["learned"] for m, v in stats["routing"]["models"].items()}})
+        await snapshot()
     wall = time.perf_counter() - t_start
     await client.close()
     return [t.result() for t in tasks], learned, wall
