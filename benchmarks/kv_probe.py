@@ -70,6 +70,19 @@ def configure_env() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
+def cpu_lacks_for(engine_kwargs: dict[str, Any]) -> str | None:
+    """Why this CPU cannot run an engine with these kwargs, or None. vLLM's CPU attention
+    stores FP8 KV only with AVX-512 or AMX, the same test as here (cpu_attn.py); without
+    them (AVX2-only x86, ARM) the engine raises at start-up."""
+    if not str(engine_kwargs.get("kv_cache_dtype", "auto")).startswith("fp8"):
+        return None
+    import torch
+
+    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return "vLLM's CPU build needs AVX-512 or AMX for an FP8 KV cache; this CPU has neither"
+
+
 def make_prompt(length: int, seed: int, *, low: int = 1000, high: int = 150000) -> list[int]:
     """Deterministic pseudo-random token ids; different seeds share no prefix."""
     rng = random.Random(seed)
@@ -301,7 +314,15 @@ class KVProbe:
         if not any(Path(model).glob("*.safetensors")):
             kwargs["load_format"] = "dummy"
         kwargs.update(engine_kwargs)
-        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        try:
+            engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        except BaseException:
+            # A half-started engine leaves vLLM's process-wide parallel groups behind, and the
+            # next engine in this process then fails to set up its own (EP group missing).
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+            raise
         return cls(engine)
 
     def shutdown(self) -> None:
@@ -933,6 +954,9 @@ def run_model_set(name: str) -> int:
         rep.say(f"== {label}")
         if name == "preempt":
             scenarios_preemption(str(model), rep, **kwargs)
+            continue
+        if reason := cpu_lacks_for(kwargs):
+            rep.say(f"  skipped: {reason}")
             continue
         t0 = time.monotonic()
         try:
