@@ -82,11 +82,6 @@ class Flight:
     generated: int = 0
     concurrency_sum: int = 0  # running flights seen at each output, for the mean concurrency
     chunks: int = 0
-    # Others' work overlapped its prefill / its decode (another prompt prefilling here, a
-    # box-mate busy): such timings are not the model's own speed, so they teach it nothing.
-    # The predictions add those effects explicitly.
-    prefill_shared: bool = False
-    decode_shared: bool = False
     done: bool = False
     # At the end of its hold, seconds more to hold it so as not to take a reserved SLO
     # class's capacity (`LoadModel.reserve`); None: no class is reserved from it.
@@ -94,7 +89,6 @@ class Flight:
 
     def admitted(self) -> None:
         self.admitted_at = self.lane.clock()
-        self.prefill_shared = self.lane.shared(self)
 
     @property
     def prefilling(self) -> bool:
@@ -107,16 +101,24 @@ class Flight:
             self.first_at = now
             self.cached_tokens = cached_tokens or 0
             self.lane.seen(self.keys)
-            if self.admitted_at is not None and not (self.prefill_shared or self.lane.shared(self)):
-                self.lane.latency.observe_ttft(
-                    now - self.admitted_at, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens
-                )
-        else:
-            self.decode_shared = self.decode_shared or self.lane.shared(self)
+            if self.admitted_at is not None:
+                self._observe_ttft(self.admitted_at, now)
+                self.lane.prefilled(self)
         self.last_at = now
         self.generated += n
         self.chunks += 1
         self.concurrency_sum += self.lane.running()
+
+    def _observe_ttft(self, start: float, end: float) -> None:
+        """Teach the model its prefill speed, as if it had had the box to itself. Another prompt
+        prefilling here overlapped it: no lesson (how the engine splits steps between prompts is
+        predicted explicitly, `prefill_ahead_s`). A busy box-mate: the time it overlapped counts
+        half, as the predictions stretch it (`stretch`), so the model learns its own speed on a
+        box that is rarely quiet."""
+        if self.lane.prefilling_within(start, end, self):
+            return
+        own = (end - start) - self.lane.mates_busy_between(start, end) / 2
+        self.lane.latency.observe_ttft(own, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens)
 
     def finish(self) -> None:
         """Idempotent: observe the decode speed and leave the lane."""
@@ -126,12 +128,18 @@ class Flight:
         self.lane.remove(self)
         if self.first_at is None or self.last_at is None or self.generated < 2 or self.chunks < 2:
             return
-        if self.decode_shared:  # not the model's own speed (see `decode_shared`)
+        # Its own decode speed, with the others' share taken out as the predictions put it in
+        # (`predict_tokens`): time spent on other prompts' prefills is the engine's, not its
+        # own (x (1 - share)); a busy box-mate doubles the steps it overlaps. A decode mostly
+        # spent beside prefills says too little of its own speed.
+        span = self.last_at - self.first_at
+        prefills = self.lane.prefilling_within(self.first_at, self.last_at, self)
+        if span <= 0 or prefills > MAX_PREFILL_SHARE * span:
             return
-        tpot = (self.last_at - self.first_at) / (self.generated - 1)
+        own = (span - prefills) * (1 - self.lane.mates_busy_between(self.first_at, self.last_at) / span / 2)
         concurrency = max(1, round(self.concurrency_sum / self.chunks))
         self.lane.latency.observe_tpot(
-            tpot, concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
+            own / (self.generated - 1), concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
         )
 
     def hold_again(self) -> float:
@@ -169,6 +177,9 @@ class Lane:
     # A box-mate's prefill progresses at half speed while this one is busy.
     busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
     busy_since: float | None = None
+    # When prompts prefilled here: (admitted, first token) spans, in the order they ended.
+    # What a request's timing shared with other prompts, so what it can teach the model.
+    prefill_spans: deque[tuple[float, float, Flight]] = field(default_factory=deque)
 
     @property
     def slots(self) -> int:
@@ -190,6 +201,35 @@ class Lane:
             self.busy_since = None
             while self.busy_spans and self.busy_spans[0][1] < now - BUSY_HISTORY_S:
                 self.busy_spans.popleft()
+
+    def prefilled(self, flight: Flight) -> None:
+        """`flight`'s prompt has prefilled here (its first token is in)."""
+        if flight.admitted_at is None or flight.first_at is None:
+            return
+        self.prefill_spans.append((flight.admitted_at, flight.first_at, flight))
+        while self.prefill_spans and self.prefill_spans[0][1] < flight.first_at - BUSY_HISTORY_S:
+            self.prefill_spans.popleft()
+
+    def prefilling_within(self, t0: float, t1: float, flight: Flight) -> float:
+        """Seconds between t0 and t1 during which a prompt other than `flight`'s prefilled here."""
+        spans = [
+            (a, t1) for f in self.flights if f is not flight and f.first_at is None and (a := f.admitted_at) is not None
+        ]
+        for a, b, f in reversed(self.prefill_spans):  # newest first, back to t0 (as `_busy_spans`)
+            if b <= t0:
+                break
+            if f is not flight:
+                spans.append((a, b))
+        covered, reach = 0.0, t0
+        for a, b in sorted((max(a, t0), min(b, t1)) for a, b in spans):
+            if b > reach:
+                covered += b - max(a, reach)
+                reach = b
+        return covered
+
+    def mates_busy_between(self, t0: float, t1: float) -> float:
+        """Seconds between t0 and t1 during which an engine beside this one had requests."""
+        return max((m.busy_between(t0, t1) for m in self.mates), default=0.0)
 
     def busy_between(self, t0: float, t1: float) -> float:
         """Seconds between t0 and t1 during which this engine had requests."""
@@ -215,8 +255,7 @@ class Lane:
         if flight.admitted_at is None:
             return 0.0
         elapsed = now - flight.admitted_at
-        shared = max((m.busy_between(flight.admitted_at, now) for m in self.mates), default=0.0)
-        return elapsed - shared / 2
+        return elapsed - self.mates_busy_between(flight.admitted_at, now) / 2
 
     def ahead(self) -> list[Flight]:
         """The requests here a newcomer comes after: all but those routing holds back. A held
@@ -245,11 +284,6 @@ class Lane:
             yield
         finally:
             self.flights.insert(i, flight)
-
-    def shared(self, flight: Flight) -> bool:
-        """Whether others' work shares the box with `flight` now: another prompt prefilling
-        on its engine, or an engine beside it on the box with requests."""
-        return any(f is not flight and f.prefilling for f in self.flights) or any(m.ahead() for m in self.mates)
 
     def seen(self, keys: Sequence[Hashable]) -> None:
         for k in keys:

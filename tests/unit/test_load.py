@@ -185,6 +185,61 @@ def test_busy_time_and_duty_count_only_the_spans_that_reach_into_the_window() ->
     assert gap == pytest.approx((PREFILL_WINDOW_S - 30.0) / (30 + 1))
 
 
+def test_a_busy_box_mate_s_share_is_taken_out_of_what_the_model_learns() -> None:
+    """On a shared box almost every request overlaps a busy box-mate: its timing still teaches
+    the model its own speed, the overlapped time counting half (as the predictions stretch it)."""
+    clock = Clock()
+    model = LoadModel([lane("a", clock, box="x"), lane("b", clock, box="x")], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    own = a.latency.predict(prompt_tokens=3_000)
+    mate = model.fly("b", range(100), 1_000)
+    mate.admitted()  # busy from 0 to the end
+    f = model.fly("a", range(3_000), 11)
+    f.admitted()
+    clock.now = 2 * 1.5 * own.ttft_s  # 1.5x slower than the profile, and the mate doubled it
+    f.tokens(1, 0)
+    step = a.latency.predict(prompt_tokens=1, context_tokens=3_005).tpot_s
+    clock.now += 10 * 2 * 1.2 * step  # decode 1.2x slower than the profile, doubled likewise
+    f.tokens(10)
+    f.finish()
+    learned = a.latency.learned()
+    assert learned["observations"] == 2
+    assert a.latency.predict(prompt_tokens=3_000).ttft_s == pytest.approx(1.5 * own.ttft_s)
+    assert learned["tpot"] == {"factor": pytest.approx(1.2), "n": 1}
+
+
+def test_other_prompts_prefilling_beside_a_request_teach_no_ttft_and_come_out_of_its_tpot() -> None:
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    step = a.latency.predict(prompt_tokens=1, concurrency=2, context_tokens=300).tpot_s  # g runs beside it
+    f = model.fly("a", range(100), 401)
+    f.admitted()
+    g = model.fly("a", range(8_000), 5)
+    g.admitted()  # prefills beside f's prefill...
+    clock.now = 0.2
+    f.tokens(1, 0)
+    assert a.latency.observations == 0  # ...which taught nothing: how they share steps is predicted
+    clock.now = 3.2
+    g.tokens(1, 0)  # a prefill of its own from 0 to 3.2, shared with f's until 0.2: nothing either
+    assert a.latency.observations == 0 and [(s, e) for s, e, _ in a.prefill_spans] == [(0.0, 0.2), (0.0, 3.2)]
+    assert a.prefilling_within(0.1, 5.0, f) == pytest.approx(3.1)
+    assert a.prefilling_within(0.1, 5.0, g) == pytest.approx(0.1)
+    clock.now = 3.2 + 400 * step  # f's decode: 3 s of g's prefill, then its own speed
+    f.tokens(400)
+    f.finish()
+    assert a.latency.learned()["tpot"] == {"factor": pytest.approx(1.0), "n": 1}
+    h = model.fly("a", range(100), 11)  # a decode mostly beside a prefill teaches nothing
+    h.admitted()
+    clock.now += 0.1
+    h.tokens(1, 0)
+    model.fly("a", range(8_000), 5).admitted()
+    clock.now += 3.0
+    h.tokens(10)
+    h.finish()
+    assert a.latency.learned()["tpot"]["n"] == 1
+
+
 def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
     clock = Clock()
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
