@@ -11,6 +11,7 @@ See docs/routing.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ from dataclasses import dataclass
 from policies.lanes import MIN_HOLD_S, Flight, Lane, LaneSpec, stretch
 from policies.latency import LatencyModel, Prediction
 from policies.routing import Candidate, NoRoute, Route, Slo, choose
+
+# Holds kept for a reserved class end once this share of the held request's deadline is
+# spent: waiting to its last moment leaves no room for the prediction's error, which grows
+# with the minutes of work a deadline covers (issue 21: summaries held on engines slower
+# than their profile sat out the whole run).
+RESERVE_HOLD_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,7 +267,8 @@ class LoadModel:
 
     def _reserve_again(self, flight: Flight, slo: Slo) -> float:
         """At the end of `flight`'s hold: seconds more to hold it so as not to take a reserved
-        class's capacity, while it can still meet its own objectives after waiting."""
+        class's capacity, while it is still predicted to meet its own objectives after waiting,
+        with RESERVE_HOLD_SHARE of a deadline."""
         lane = flight.lane
         with lane.lifted(flight):
             wait = self.reserve(flight, slo.name).wait_s
@@ -269,6 +277,8 @@ class LoadModel:
             own = lane.predict_tokens(flight.prompt_tokens, lane.cached_tokens(flight.keys), flight.output_tokens)
         waited = lane.clock() - flight.routed_at
         later = Prediction(waited + wait + own.ttft_s, own.tpot_s)
+        if slo.deadline_s is not None:  # minutes of it: a first token's objective is seconds
+            slo = dataclasses.replace(slo, deadline_s=slo.deadline_s * RESERVE_HOLD_SHARE)
         return 0.0 if slo.misses(later, flight.output_tokens) else wait
 
     def fly(

@@ -15,7 +15,7 @@ from engine_adapter.spark import MODELS
 from gateway.plan.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
 from policies.latency import Prediction
-from policies.load import LoadModel, RouteInfo, RouteQuery
+from policies.load import RESERVE_HOLD_SHARE, LoadModel, RouteInfo, RouteQuery
 from policies.routing import NoRoute
 
 A3B = LatencyProfile(
@@ -261,6 +261,32 @@ def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
         plain.model.fly("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
     _, info = _routed(plain.model, "auto", ["dense"], "batch", range(8_000), 1_000)
     assert info.hold_s == 0.0
+
+
+def test_a_reserve_hold_ends_once_half_the_held_request_s_deadline_is_spent() -> None:
+    """Held for a reserved class, lenient work still goes while half its deadline is left:
+    room for its prediction's error, which a request held to its last moment has none of."""
+    fleet = _one()
+    load, clock = fleet.model, fleet.clock
+    assert load is not None
+    for _ in range(2):  # two long decodes keep two of the four slots for ~90 s
+        s = load.fly("dense", range(1_000), 5_000, None, _route(60.0))
+        s.admitted()
+        s.tokens(1, 0)
+    _, info = _routed(load, "auto", ["dense"], "batch", range(8_000), 1_000)
+    held = load.fly("dense", range(8_000), 1_000, None, info)
+    assert info.hold_s > 0.0
+    lane = load.lanes["dense"]
+    with lane.lifted(held):
+        own = lane.predict_tokens(8_000, 0, 1_000).total_s(1_000)
+    half = load.slo("batch").deadline_s * RESERVE_HOLD_SHARE  # 0.9 headroom x 300 s x 0.5
+    assert half == pytest.approx(135.0) and own < half
+    clock.now = held.routed_at + 1.0
+    wait = held.hold_again()
+    assert wait > 0.0  # the slots are still taken...
+    clock.now = held.routed_at + half - own - wait + 0.5
+    assert held.hold_again() == 0.0  # ...and it goes: waiting on would eat into the second half
+    assert lane.running() == 2
 
 
 def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class() -> None:
