@@ -2,8 +2,10 @@
 shape co-resident on one H200 (CUDA vLLM 0.26, dummy weights), the team's mix, the router against
 each model alone and round-robin; and the box model's prediction of the same runs.
 
-The engines: FP8 weights (vLLM's online quantization: bf16 weights of both shapes leave too
-little of the GPU for KV), FP8 KV, 16 GiB of KV each, the DGX Spark deployment's scheduler (4
+The engines: bf16 weights (`--weights`; both shapes take ~115 GiB, leaving 6 GiB of KV each,
+170K tokens of the 27B's) or FP8 weights by vLLM's online quantization with 16 GiB each (the
+first H200 run: 2-4x slower than the box model says for FP8, no tuned fused-MoE kernels for
+E=256 there), FP8 KV, the DGX Spark deployment's scheduler (4
 slots, 4,096-token steps, the long-prefill cap of one hybrid block, prefix caching, CUDA graphs,
 no asynchronous scheduling), no speculative decoding (random weights accept no drafts). The
 config's `placement` puts both on one box, so the router counts them as box-mates. Their latency
@@ -33,20 +35,26 @@ gateway's own code on a virtual clock.
     .venv/bin/python benchmarks/gpu/routing_real.py plan --rates 1 1.2 1.4 1.6   # the box model's sweep
     .venv/bin/python benchmarks/gpu/routing_real.py report benchmarks/gpu/routing_real_result/*.json
 
-`run` writes OUT/routing_real_RATE.json after every strategy (a run cut short keeps what it
-measured): every request's kind, times and outcome, and for router runs the router's learned
-latency factors polled every 2 s. `report` prints measured vs predicted attainment per strategy
-and class, TTFT/TPOT percentiles, rejections, and what the router learned.
+`run` writes OUT/routing_real_SHAPE_WEIGHTS_RATE.json after every strategy (a run cut short keeps
+what it measured): every request's kind, times and outcome, and for router runs the router's
+learned latency factors polled every 2 s. `report` prints measured vs predicted attainment per
+strategy and class, TTFT/TPOT percentiles, rejections, and what the router learned.
+
+The engines' cold start (~400 s for both) is most of one 10-minute device call: `--keep` leaves
+the gateway running detached for the next call, which finds it (`/tmp/routing-real/gateway.json`)
+and goes straight to the runs; `--budget` starts no run that could outlast the call.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,7 +75,10 @@ API_KEY = "sk-routing-real"
 GiB = 1024**3
 WINDOW_S = 60.0
 GRACE_S = 30.0
-KV_GIB = 16
+# Each engine's KV pool by weight type: bf16 weights of both shapes (~115 GiB) leave ~20 GiB of
+# the H200, FP8 weights (~58 GiB) far more. 6 GiB still hold 170K tokens of the 27B's.
+KV_GIB = {"bf16": 6, "fp8": 16}
+WEIGHTS = "bf16"
 SLOTS = 4  # config/dgx-spark.yaml
 STEP_TOKENS = 4096
 # The SLO classes of config/sim-dgx-spark.yaml and config/dgx-spark.yaml, verbatim.
@@ -115,17 +126,17 @@ CPU_WORKLOAD = tuple(
 WORKLOADS = {"gpu": DEFAULT_WORKLOAD, "cpu-tiny": CPU_WORKLOAD}
 
 
-def serving() -> Any:
+def serving(weights: str) -> Any:
     from engine_adapter.spark import Serving
 
     # dummy weights: random routers spread every token over all the experts
-    return Serving(weight_dtype="fp8", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+    return Serving(weight_dtype=weights, kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
 
 
 # --------------------------------------------------------------------------- the box model
 
 
-def profile(s: Served) -> LatencyProfile:
+def profile(s: Served, weights: str) -> LatencyProfile:
     """The router's starting profile for `s` on the H200, from the box model alone: TTFT of one
     request at 16, 2K and 32K tokens fixes overhead, rate and the quadratic term; decode at 1
     and 4 sequences and at 32K of context fixes the TPOT terms."""
@@ -138,8 +149,8 @@ def profile(s: Served) -> LatencyProfile:
             max_num_seqs=SLOTS,
             max_num_batched_tokens=STEP_TOKENS,
             long_prefill_token_threshold=s.block,
-            kv_cache_bytes=KV_GIB * GiB,
-            serving=dataclasses.replace(serving(), block_size=s.block),
+            kv_cache_bytes=KV_GIB[weights] * GiB,
+            serving=dataclasses.replace(serving(weights), block_size=s.block),
         )
         first, last = round_times(BoxSim(SPECS[s.model], H200, config), concurrency, tokens, 64)
         return statistics.fmean(first.values()), statistics.fmean((last[r] - first[r]) / 63 for r in first)
@@ -162,7 +173,7 @@ def profile(s: Served) -> LatencyProfile:
     )
 
 
-def placement(profiles: dict[str, LatencyProfile]) -> Placement:
+def placement(profiles: dict[str, LatencyProfile], weights: str) -> Placement:
     from engine_adapter.spark import H200
 
     return Placement(
@@ -172,7 +183,7 @@ def placement(profiles: dict[str, LatencyProfile]) -> Placement:
                 s.name,
                 s.model,
                 "h200",
-                KV_GIB,
+                KV_GIB[weights],
                 s.quality,
                 profiles[s.name],
                 max_num_batched_tokens=STEP_TOKENS,
@@ -182,7 +193,7 @@ def placement(profiles: dict[str, LatencyProfile]) -> Placement:
             for s in MODELS
         ),
         box=H200,
-        serving=serving(),
+        serving=serving(weights),
     )
 
 
@@ -197,10 +208,11 @@ def predict(
     grace: float,
     seed: int,
     profiles: dict[str, LatencyProfile],
+    weights: str,
     workload: Sequence[RequestKind] = DEFAULT_WORKLOAD,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
-    fleet = Fleet(placement(profiles), ROUTING_SETTINGS, strategy.removesuffix(" alone"))
+    fleet = Fleet(placement(profiles, weights), ROUTING_SETTINGS, strategy.removesuffix(" alone"))
     load = arrivals(workload, rate, window, seed)
     fleet.run(load)
     out = []
@@ -276,7 +288,9 @@ def summary(recs: Sequence[dict[str, Any]], cutoff: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the gateway (child process)
 
 
-def gateway_settings(shape: str, port: int, work: Path, profiles: dict[str, LatencyProfile]) -> dict[str, Any]:
+def gateway_settings(
+    shape: str, weights: str, port: int, work: Path, profiles: dict[str, LatencyProfile]
+) -> dict[str, Any]:
     from gateway.settings import hash_key
 
     models = []
@@ -297,16 +311,21 @@ def gateway_settings(shape: str, port: int, work: Path, profiles: dict[str, Late
             m |= {"kv_cache_bytes": 256 * 1024**2}
         else:
             m |= {"path": str(model_dir(s.shape)), "max_model_len": 65536, "enforce_eager": False}
-            m |= {"kv_cache_bytes": KV_GIB * GiB, "kv_cache_dtype": "fp8", "long_prefill_token_threshold": s.block}
+            m |= {
+                "kv_cache_bytes": KV_GIB[weights] * GiB,
+                "kv_cache_dtype": "fp8",
+                "long_prefill_token_threshold": s.block,
+            }
             m["engine_args"] = {
                 "language_model_only": True,
                 "gdn_prefill_backend": "triton",  # no FlashInfer on the GPU machine
-                "quantization": "fp8",
                 "async_scheduling": False,  # config/dgx-spark.yaml
                 # vLLM refuses to start unless this share of the GPU is free: the second engine
-                # starts beside the first
-                "gpu_memory_utilization": 0.45,
+                # starts beside the first (the pool's size is kv_cache_bytes)
+                "gpu_memory_utilization": 0.3,
             }
+            if weights == "fp8":
+                m["engine_args"]["quantization"] = "fp8"  # vLLM's online quantization
         models.append(m)
     return {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "warning", "cache_dir": str(work / "cache")},
@@ -526,30 +545,44 @@ def run(a: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     served = CPU_MODELS if a.shape == "cpu-tiny" else MODELS
-    profiles = {s.name: profile(MODELS[i]) for i, s in enumerate(served)}
-    port = free_port()
-    sp = work / "settings.json"
-    sp.write_text(json.dumps(gateway_settings(a.shape, port, work, profiles)))
-    log = a.out / f"gateway_{a.shape}.log"
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(sp)], stdout=log.open("wb"), stderr=subprocess.STDOUT
-    )
-    dest = a.out / f"routing_real_{a.shape}_{a.rate:g}.json"
+    profiles = {s.name: profile(MODELS[i], a.weights) for i, s in enumerate(served)}
+    log = work / f"gateway_{a.shape}.log"
+    proc, port = kept_gateway(work, a)
+    if proc is None:
+        port = a.port or free_port()
+        sp = work / "settings.json"
+        sp.write_text(json.dumps(gateway_settings(a.shape, a.weights, port, work, profiles)))
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(sp)],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=a.keep,  # outlives this call when kept
+        )
+    dest = a.out / f"routing_real_{a.shape}_{a.weights}_{a.rate:g}.json"
     doc: dict[str, Any] = {"runs": []}
-    if a.resume is not None and a.resume.exists():  # an earlier call's runs: skipped here, kept in `dest`
-        doc = json.loads(a.resume.read_text())
+    # An earlier call's runs (`--resume`, or the copy a call on this machine left): skipped
+    # here, kept in `dest`.
+    for earlier in (a.resume, work / dest.name):
+        if earlier is not None and earlier.exists():
+            found = json.loads(earlier.read_text())
+            same = (found["window_s"], found["grace_s"]) == (a.window, a.grace)
+            if same and len(found["runs"]) > len(doc["runs"]):
+                doc = found
     doc |= {
         "shape": a.shape,
         "rate": a.rate,
         "window_s": a.window,
         "grace_s": a.grace,
-        "kv_gib": KV_GIB,
+        "weights": a.weights,
+        "kv_gib": KV_GIB[a.weights],
         "slots": SLOTS,
         "routing": ROUTING,
         "profiles": {k: v.model_dump() for k, v in profiles.items()},
     }
     try:
         up = wait_health(port, proc, log, a.start_timeout)
+        if a.keep:  # now: a call cut off by its time limit leaves it for the next
+            (work / "gateway.json").write_text(json.dumps({"pid": proc.pid, "port": port, "setting": setting(a)}))
         doc.setdefault("startup_s", []).append(round(up, 1))
         print(f"gateway up in {up:.0f} s", flush=True)
         words = Words(
@@ -563,8 +596,8 @@ def run(a: argparse.Namespace) -> int:
             for strategy in order:
                 if (strategy, seed) in done:
                     continue
-                if time.monotonic() - started > a.budget:
-                    print(f"budget of {a.budget:g} s spent: stopping before {strategy} seed {seed}", flush=True)
+                if time.monotonic() - started + a.window + a.grace + 15 > a.budget:
+                    print(f"a run would outlast the {a.budget:g} s budget: stopping before {strategy} seed {seed}")
                     return 0
                 load = arrivals(workload, a.rate, a.window, seed)
                 recs, learned, wall = asyncio.run(drive(port, strategy, load, a.window, a.grace, words))
@@ -573,6 +606,7 @@ def run(a: argparse.Namespace) -> int:
                     {"strategy": strategy, "seed": seed, "wall_s": round(wall, 1), "requests": recs, "learned": learned}
                 )
                 dest.write_text(json.dumps(doc, indent=1))
+                (work / dest.name).write_text(dest.read_text())
                 print(
                     f"seed {seed} {strategy:<24} {s['met']:>3}/{s['offered']:<3} {s['attainment']:6.1%} rejected"
                     f" {s['rejected']} unfinished {s['unfinished']} errors {s['errors']} TTFT p50 {s['ttft_p50']}"
@@ -580,20 +614,73 @@ def run(a: argparse.Namespace) -> int:
                     flush=True,
                 )
     finally:
-        stop(proc)
+        if not a.keep or proc.poll() is not None:
+            (work / "gateway.json").unlink(missing_ok=True)
+            stop(proc)
+        if log.exists():
+            (a.out / log.name).write_bytes(log.read_bytes()[-2_000_000:])
     return 0
+
+
+def setting(a: argparse.Namespace) -> list[str]:
+    return [a.shape, a.weights]
+
+
+class _Kept:
+    """A gateway a previous call left running (`--keep`): alive while its pid is."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            self.returncode = -1
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = time.monotonic() + (timeout or 1e9)
+        while self.poll() is None:
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired("gateway", timeout or 0)
+            time.sleep(0.2)
+        return -1
+
+
+def kept_gateway(work: Path, a: argparse.Namespace) -> tuple[Any, int]:
+    """The gateway an earlier call kept for this setting, if it is still up (else None)."""
+    state = work / "gateway.json"
+    if not state.exists():
+        return None, 0
+    kept = json.loads(state.read_text())
+    proc = _Kept(kept["pid"])
+    if kept["setting"] != setting(a) or proc.poll() is not None:
+        return None, 0
+    print(f"reusing the gateway kept on port {kept['port']} (pid {proc.pid})", flush=True)
+    return proc, int(kept["port"])
 
 
 # --------------------------------------------------------------------------- box-model sweep and report
 
 
 def plan(a: argparse.Namespace) -> int:
-    profiles = {s.name: profile(s) for s in MODELS}
+    profiles = {s.name: profile(s, a.weights) for s in MODELS}
     for name, p in profiles.items():
         print(f"profile {name}: {p.model_dump()}")
     for rate in a.rates:
         for strategy in a.only or strategies():
-            recs = [r for seed in a.seeds for r in predict(strategy, rate, a.window, a.grace, seed, profiles)]
+            recs = [
+                r for seed in a.seeds for r in predict(strategy, rate, a.window, a.grace, seed, profiles, a.weights)
+            ]
             s = summary(recs, a.window + a.grace)
             print(
                 f"{rate:>5g} {strategy:<24} {s['met']:>4}/{s['offered']:<4} {s['attainment']:6.1%}"
@@ -606,10 +693,11 @@ def plan(a: argparse.Namespace) -> int:
 
 
 def report(a: argparse.Namespace) -> int:
-    groups: dict[tuple[str, float, float, float], dict[str, Any]] = {}
+    groups: dict[tuple[str, str, float, float, float], dict[str, Any]] = {}
     for path in a.results:  # the runs of one setting, from however many calls, as one
         doc = json.loads(Path(path).read_text())
-        key = (doc["shape"], doc["rate"], doc["window_s"], doc["grace_s"])
+        doc.setdefault("weights", "fp8")  # the first H200 run's, before bf16 was the default
+        key = (doc["shape"], doc["weights"], doc["rate"], doc["window_s"], doc["grace_s"])
         if key in groups:
             groups[key]["runs"] += doc["runs"]
             groups[key]["path"] += f", {path}"
@@ -619,7 +707,10 @@ def report(a: argparse.Namespace) -> int:
         path, rate, window, grace = doc["path"], doc["rate"], doc["window_s"], doc["grace_s"]
         profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
         seeds = sorted({r["seed"] for r in doc["runs"]})
-        print(f"{path}: {rate} req/s, {window:g} s of arrivals + {grace:g} s grace, seeds {seeds}")
+        print(
+            f"{path}: {doc['weights']} weights, {rate} req/s, {window:g} s of arrivals + {grace:g} s grace,"
+            f" seeds {seeds}"
+        )
         header = (
             f"{'strategy':<24}{'offered':>8}{'measured':>10}{'predicted':>10}{'diff':>7}  per kind measured | predicted"
         )
@@ -633,7 +724,9 @@ def report(a: argparse.Namespace) -> int:
                 [
                     q
                     for r in runs
-                    for q in predict(strategy, rate, window, grace, r["seed"], profiles, WORKLOADS[doc["shape"]])
+                    for q in predict(
+                        strategy, rate, window, grace, r["seed"], profiles, doc["weights"], WORKLOADS[doc["shape"]]
+                    )
                 ],
                 window + grace,
             )
@@ -697,15 +790,19 @@ def main() -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--shape", choices=["gpu", "cpu-tiny"], default="gpu")
     r.add_argument("--rate", type=float, required=True)
+    r.add_argument("--weights", choices=list(KV_GIB), default=WEIGHTS)
+    r.add_argument("--port", type=int, help="serve on this port, and use a gateway already healthy there")
+    r.add_argument("--keep", action="store_true", help="leave the gateway running (for the next call)")
     r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     r.add_argument("--only", nargs="+", metavar="STRATEGY", choices=strategies())
     r.add_argument("--window", type=float, default=WINDOW_S)
     r.add_argument("--grace", type=float, default=GRACE_S)
-    r.add_argument("--budget", type=float, default=1e9, help="start no run after this many seconds")
+    r.add_argument("--budget", type=float, default=1e9, help="start no run that could end after this many seconds")
     r.add_argument("--start-timeout", type=float, default=900.0)
     r.add_argument("--resume", type=Path, help="an earlier run's JSON: its runs are kept, not repeated")
     p = sub.add_parser("plan", help="the box model's attainment per strategy at these loads")
     p.add_argument("--rates", type=float, nargs="+", required=True)
+    p.add_argument("--weights", choices=list(KV_GIB), default=WEIGHTS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--only", nargs="+", metavar="STRATEGY", choices=strategies())
     p.add_argument("--window", type=float, default=WINDOW_S)
