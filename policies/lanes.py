@@ -5,7 +5,8 @@ knows of its engine comes in as values (`LaneSpec`).
 A newcomer's prediction on a lane (docs/routing.md):
 
     TTFT = max(wait for a running slot, the prefills ahead) + its own prefill,
-           stretched where a busy engine on the same box overlaps it
+           stretched where a busy engine on the same box overlaps it: engines take turns on
+           the GPU, each slice of a step here waiting for a slice of the mate's (`turn_ratio`)
     TPOT = the model's time per token at the concurrency it will join, at its context,
            stretched likewise, and by the share of time recent prompts spend prefilling
 
@@ -30,6 +31,10 @@ BUSY_HISTORY_S = 600.0  # how far back box-mates' busy spans are kept (longer th
 MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
 PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
 MAX_PREFILL_SHARE = 0.8
+MIN_STEP_S = 1e-4  # a step's floor in the turn-taking ratios (a profile may predict ~0 for a tiny prompt)
+# A GPU switches between busy processes after a time slice: a step waits for a box-mate's step
+# under way at most this long (the box model's `gpu_timeslice_s`, fitted on the H200: issue 21).
+GPU_TIMESLICE_S = 0.010
 
 
 def _up() -> bool:
@@ -50,7 +55,8 @@ class LaneSpec:
     chunk_tokens: int = 0  # a prompt's chunk while others run or wait (vLLM's long_prefill_token_threshold; 0: none)
     step_tokens: int = 0  # the scheduler's tokens per step (max_num_batched_tokens; 0: the chunk)
     quality: float = 0.0  # candidates go best first
-    box: str = ""  # engines on one box share its memory bandwidth
+    box: str = ""  # engines on one box take turns on its GPU
+    timeslice_s: float = GPU_TIMESLICE_S  # the longest a step waits for a box-mate's
 
 
 @dataclass(frozen=True)
@@ -101,9 +107,9 @@ class Flight:
             self.first_at = now
             self.cached_tokens = cached_tokens or 0
             self.lane.seen(self.keys)
-            if self.admitted_at is not None:
+            if self.admitted_at is not None:  # (the gateway and the box model admit it first)
                 self._observe_ttft(self.admitted_at, now)
-                self.lane.prefilled(self)
+                self.lane.prefilled(self, self.admitted_at, now)
         self.last_at = now
         self.generated += n
         self.chunks += 1
@@ -112,12 +118,13 @@ class Flight:
     def _observe_ttft(self, start: float, end: float) -> None:
         """Teach the model its prefill speed, as if it had had the box to itself. Another prompt
         prefilling here overlapped it: no lesson (how the engine splits steps between prompts is
-        predicted explicitly, `prefill_ahead_s`). A busy box-mate: the time it overlapped counts
-        half, as the predictions stretch it (`stretch`), so the model learns its own speed on a
-        box that is rarely quiet."""
+        predicted explicitly, `prefill_ahead_s`). A busy box-mate: the time spent waiting for its
+        steps comes out, as the predictions put it in (`mates_waited_s`), so the model learns its
+        own speed on a box that is rarely quiet."""
         if self.lane.prefilling_within(start, end, self):
             return
-        own = (end - start) - self.lane.mates_busy_between(start, end) / 2
+        step = self.lane.prefill_step_s(self.prompt_tokens - self.cached_tokens)
+        own = (end - start) - self.lane.mates_waited_s(start, end, step)
         self.lane.latency.observe_ttft(own, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens)
 
     def finish(self) -> None:
@@ -130,17 +137,17 @@ class Flight:
             return
         # Its own decode speed, with the others' share taken out as the predictions put it in
         # (`predict_tokens`): time spent on other prompts' prefills is the engine's, not its
-        # own (x (1 - share)); a busy box-mate doubles the steps it overlaps. A decode mostly
-        # spent beside prefills says too little of its own speed.
+        # own (x (1 - share)), and so is the time its steps waited for a busy box-mate's. A
+        # decode mostly spent beside prefills says too little of its own speed.
         span = self.last_at - self.first_at
         prefills = self.lane.prefilling_within(self.first_at, self.last_at, self)
         if span <= 0 or prefills > MAX_PREFILL_SHARE * span:
             return
-        own = (span - prefills) * (1 - self.lane.mates_busy_between(self.first_at, self.last_at) / span / 2)
         concurrency = max(1, round(self.concurrency_sum / self.chunks))
-        self.lane.latency.observe_tpot(
-            own / (self.generated - 1), concurrency=concurrency, context_tokens=self.prompt_tokens + self.generated // 2
-        )
+        context = self.prompt_tokens + self.generated // 2
+        waited = self.lane.mates_waited_s(self.first_at, self.last_at, self.lane.step_s(concurrency, context))
+        own = span - prefills - waited  # (none left: no lesson, `LatencyModel` drops it)
+        self.lane.latency.observe_tpot(own / (self.generated - 1), concurrency=concurrency, context_tokens=context)
 
     def hold_again(self) -> float:
         """Seconds more to hold it at the end of its hold (0: send it now)."""
@@ -164,8 +171,7 @@ class Lane:
     flights: list[Flight] = field(default_factory=list)
     # A shadow of the engine's prefix cache: the blocks of prompts recently sent there.
     cache: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
-    # Engines on the same box: they share its memory bandwidth, so a prefill on one
-    # slows the decodes of all.
+    # Engines on the same box: they take turns on its GPU, so work on one slows all.
     mates: list[Lane] = field(default_factory=list)
     # Prefill seconds routed here recently, (when, seconds): the share of the engine's time
     # that prompts take, which requests decoding here will also wait through.
@@ -174,9 +180,11 @@ class Lane:
     # thousands at a few hundred a second, and routing reads the share for every request.
     prefills_s: float = 0.0
     # When this engine had requests: closed (start, end) spans and the open one's start.
-    # A box-mate's prefill progresses at half speed while this one is busy.
+    # A box-mate's work takes turns with this one's while it is busy (`turn_ratio`).
     busy_spans: deque[tuple[float, float]] = field(default_factory=deque)
     busy_since: float | None = None
+    # Its step as its last busy span ended: what a box-mate took turns with then (`past_turn_s`).
+    last_turn_s: float = 0.0
     # When prompts prefilled here: (admitted, first token) spans, in the order they ended.
     # What a request's timing shared with other prompts, so what it can teach the model.
     prefill_spans: deque[tuple[float, float, Flight]] = field(default_factory=deque)
@@ -194,6 +202,8 @@ class Lane:
         self.flights.append(flight)
 
     def remove(self, flight: Flight) -> None:
+        if self.flights == [flight]:
+            self.last_turn_s = self.turn_s()
         self.flights.remove(flight)
         if not self.flights and self.busy_since is not None:
             now = self.clock()
@@ -202,12 +212,10 @@ class Lane:
             while self.busy_spans and self.busy_spans[0][1] < now - BUSY_HISTORY_S:
                 self.busy_spans.popleft()
 
-    def prefilled(self, flight: Flight) -> None:
-        """`flight`'s prompt has prefilled here (its first token is in)."""
-        if flight.admitted_at is None or flight.first_at is None:
-            return
-        self.prefill_spans.append((flight.admitted_at, flight.first_at, flight))
-        while self.prefill_spans and self.prefill_spans[0][1] < flight.first_at - BUSY_HISTORY_S:
+    def prefilled(self, flight: Flight, start: float, end: float) -> None:
+        """`flight`'s prompt prefilled here from `start` (its admission) to `end` (now)."""
+        self.prefill_spans.append((start, end, flight))
+        while self.prefill_spans and self.prefill_spans[0][1] < end - BUSY_HISTORY_S:
             self.prefill_spans.popleft()
 
     def prefilling_within(self, t0: float, t1: float, flight: Flight) -> float:
@@ -227,9 +235,54 @@ class Lane:
                 reach = b
         return covered
 
-    def mates_busy_between(self, t0: float, t1: float) -> float:
-        """Seconds between t0 and t1 during which an engine beside this one had requests."""
-        return max((m.busy_between(t0, t1) for m in self.mates), default=0.0)
+    def mates_waited_s(self, t0: float, t1: float, step_s: float) -> float:
+        """Seconds between t0 and t1 this engine spent waiting for its box-mates' steps, its own
+        being `step_s` long: engines take turns on the GPU, so while a mate was busy each step
+        here also took one of the mate's (`past_turn_s`)."""
+        waited = 0.0
+        for m in self.mates:
+            busy = m.busy_between(t0, t1)
+            if busy:
+                ratio = self.turn_ratio(m.past_turn_s(), step_s)
+                waited += busy * ratio / (1 + ratio)
+        return min(waited, t1 - t0)
+
+    def turn_s(self) -> float:
+        """Seconds of one step of this engine's, as a box-mate's step waits for it: a decode step
+        at its running concurrency, plus a prefill chunk while a prompt here has some to do. Idle:
+        a step of one request (what it runs when work comes back)."""
+        return self.prefill_step_s(sum(_to_prefill(f) for f in self.ahead()))
+
+    def past_turn_s(self) -> float:
+        """Its step lately, for the time a box-mate took turns with it: now while it is busy,
+        else as its last busy span ended."""
+        return self.turn_s() if self.flights else self.last_turn_s
+
+    def prefill_step_s(self, tokens: int) -> float:
+        """Seconds of a step here that prefills (a chunk of) `tokens` prompt tokens beside the
+        decodes running here: at least a decode step, however few the tokens."""
+        chunk = min(tokens, self.spec.step_tokens or self.spec.chunk_tokens or tokens)
+        return self.step_s(max(1, self.running()), 0) + (self.prefill_s(chunk) if chunk > 0 else 0.0)
+
+    def mates_turns(self) -> list[tuple[float, float]]:
+        """Each box-mate's (predicted seconds until idle, seconds of its step): what `with_mates`
+        stretches by, read once per decision (it walks every flight on the box)."""
+        return [(m.busy_s(), m.turn_s()) for m in self.mates]
+
+    def with_mates(self, seconds: float, step_s: float, turns: Sequence[tuple[float, float]] | None = None) -> float:
+        """`seconds` of this engine's work from now, in steps of `step_s`, longer by the box-mates'
+        steps it takes turns with while they are busy (`mates_turns`, or `turns` where the caller
+        has them)."""
+        turns = self.mates_turns() if turns is None else turns
+        return seconds + sum(min(seconds, busy) * self.turn_ratio(turn, step_s) for busy, turn in turns)
+
+    def turn_ratio(self, mate_step_s: float, step_s: float) -> float:
+        """Seconds of a busy box-mate's work per second of this engine's, their steps being
+        `mate_step_s` and `step_s` long: each slice of work here (a step, or a time slice of a
+        longer one) waits for a slice of the mate's. Two long steps: half speed each; a short
+        step beside a long one: it waits a whole slice."""
+        q = self.spec.timeslice_s
+        return min(mate_step_s, q) / max(min(step_s, q), MIN_STEP_S)
 
     def busy_between(self, t0: float, t1: float) -> float:
         """Seconds between t0 and t1 during which this engine had requests."""
@@ -250,12 +303,12 @@ class Lane:
         return busy, spans
 
     def prefilled_s(self, flight: Flight, now: float) -> float:
-        """Prefill work (in idle-box seconds) done for `flight` since its admission: time a
-        busy box-mate shared counts half."""
+        """Prefill work (in idle-box seconds) done for `flight` since its admission: less the
+        time its steps waited for a busy box-mate's."""
         if flight.admitted_at is None:
             return 0.0
-        elapsed = now - flight.admitted_at
-        return elapsed - self.mates_busy_between(flight.admitted_at, now) / 2
+        step = self.prefill_step_s(flight.prompt_tokens - flight.cached_tokens)
+        return now - flight.admitted_at - self.mates_waited_s(flight.admitted_at, now, step)
 
     def ahead(self) -> list[Flight]:
         """The requests here a newcomer comes after: all but those routing holds back. A held
@@ -356,12 +409,16 @@ class Lane:
         )
         ttft = max(wait, self.prefill_ahead_s(prompt_tokens - cached, queued)) + own.ttft_s
         decode = own.tpot_s * max(1, output_tokens)
-        # Engines sharing the box share its bandwidth: while a mate is busy, this engine's
-        # steps take about twice as long. Stretch the part of the request the mate overlaps.
+        # Engines sharing the box take turns on its GPU: while a mate is busy, each step here
+        # also waits for one of the mate's (`turn_ratio`). Stretch the part of the request the
+        # mate overlaps: prefill chunks here, then decode steps.
         ttft_stretch = decode_stretch = 0.0
-        for m in self.mates:
-            ttft_stretch += m.busy_within(0.0, ttft)
-            decode_stretch += m.busy_within(ttft, ttft + decode)
+        if self.mates:
+            chunk = self.prefill_step_s(prompt_tokens - cached)
+            for m in self.mates:
+                turn = m.turn_s()
+                ttft_stretch += m.busy_within(0.0, ttft) * self.turn_ratio(turn, chunk)
+                decode_stretch += m.busy_within(ttft, ttft + decode) * self.turn_ratio(turn, own.tpot_s)
         tpot = (decode + decode_stretch) / max(1, output_tokens) / (1 - self.prefill_share())
         return Prediction(ttft_s=ttft + ttft_stretch, tpot_s=tpot)
 
@@ -475,10 +532,11 @@ class Lane:
         would push past their TPOT objective are harmed, and with a chunk cap so are those still
         to prefill that its chunks would push past their TTFT objective; `crowding` is the
         largest share of any one's TPOT slack it would take. A box-mate's requests are not
-        counted: while it runs, the new request only slows them by the bandwidth it shares,
-        and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
-        overlap = self.mates_busy_s()  # once: it walks every flight on the box
-        stall = stretch(self.prefill_s(prompt_tokens - self.cached_tokens(keys)), overlap)
+        counted: while it runs, the new request only slows them by the turns it takes on the
+        GPU, and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
+        turns = self.mates_turns()  # once: it walks every flight on the box
+        new = prompt_tokens - self.cached_tokens(keys)
+        stall = self.with_mates(self.prefill_s(new), self.prefill_step_s(new), turns)
         now = self.clock()
         hurt = 0
         clears = 0.0  # when the last request it would hurt is done
@@ -499,7 +557,7 @@ class Lane:
             decoded = 0.0 if f.first_at is None else now - f.first_at
             # Its decode still has to sit through the prompts routed here after it, all of it
             # slower while a box-mate is busy.
-            remaining = stretch(f.remaining_s(step) + self.prefill_s(after[n - 1 - i]), overlap)
+            remaining = self.with_mates(f.remaining_s(step) + self.prefill_s(after[n - 1 - i]), step, turns)
             slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
             if slack >= 0:
                 crowding = max(crowding, stall / slack if slack else math.inf)
@@ -513,7 +571,9 @@ class Lane:
             for i, f in enumerate(here):
                 if f is skip or f.first_at is not None or f.ttft_due is None:
                     continue
-                left = stretch(self.until_first_token(f, now, before[i]), overlap)
+                left = self.with_mates(
+                    self.until_first_token(f, now, before[i]), self.prefill_step_s(_to_prefill(f)), turns
+                )
                 if now + left <= f.ttft_due < now + left + min(stall, left):
                     late += 1
                     clears = max(clears, left)
@@ -526,10 +586,6 @@ class Lane:
         )
         return Harm(why, clears, crowding)
 
-    def mates_busy_s(self) -> float:
-        """Predicted seconds until every engine beside this one on its box is idle."""
-        return max((m.busy_s() for m in self.mates), default=0.0)
-
     def hold_again(self, flight: Flight) -> float:
         """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held
         again while it would still harm the requests here and can still meet its TTFT objective
@@ -539,8 +595,9 @@ class Lane:
         if not harm.reason or flight.ttft_due is None:
             return 0.0
         wait = max(harm.clears_s, MIN_HOLD_S)
+        new = flight.prompt_tokens - self.cached_tokens(flight.keys)
         own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
-        if now + wait + stretch(own.ttft_s, self.mates_busy_s()) > flight.ttft_due:
+        if now + wait + self.with_mates(own.ttft_s, self.prefill_step_s(new)) > flight.ttft_due:
             return 0.0
         flight.not_before = now + wait
         return wait
@@ -549,8 +606,3 @@ class Lane:
 def _to_prefill(f: Flight) -> int:
     """`f`'s prompt tokens the engine has still to prefill (0 once it has its first token)."""
     return f.prompt_tokens - f.cached_tokens if f.first_at is None else 0
-
-
-def stretch(seconds: float, mates_busy_s: float) -> float:
-    """`seconds` of an engine's work, longer by the part a busy box-mate overlaps (x2 then)."""
-    return seconds + min(seconds, mates_busy_s)

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from policies.lanes import MIN_HOLD_S, Flight, Lane, LaneSpec, stretch
+from policies.lanes import MIN_HOLD_S, Flight, Lane, LaneSpec
 from policies.latency import LatencyModel, Prediction
 from policies.routing import Candidate, NoRoute, Route, Slo, choose
 
@@ -256,7 +256,7 @@ class LoadModel:
                     continue
                 # It keeps its engine from them until it has prefilled.
                 blocks_s = lane.predict_tokens(flight.prompt_tokens, flight.cached_tokens, flight.output_tokens).ttft_s
-            wait = max(MIN_HOLD_S, min(stretch(x.prefill_all_s(), x.mates_busy_s()) for x in lanes if x not in ready))
+            wait = max(MIN_HOLD_S, min(x.with_mates(x.prefill_all_s(), x.turn_s()) for x in lanes if x not in ready))
             return Reserve(wait, f"to keep an engine ready for {cls}", self.rate(cls) * min(wait, blocks_s))
         return Reserve()
 

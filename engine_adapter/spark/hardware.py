@@ -40,6 +40,12 @@ MOE_GEMM_EFFICIENCY = 0.12
 TRAINED_ROUTING_LOCALITY = 0.1
 # Fixed cost per extra forward pass (each draft pass): graph launch and sync.
 FORWARD_OVERHEAD_S = 0.0004
+# Engines on one box are processes of their own, and a GPU runs one process's kernels at a time,
+# switching between busy ones after a time slice: a step waits for a box-mate's step under way,
+# at most one slice. Fitted to the H200 (issue 21, two engines co-resident): the 35B-A3B's 4.4 ms
+# decode step took 14-17 ms beside the busy 27B (4.4 + 10), the 27B's 15.4 ms step 20-34 ms
+# (beside the 35B-A3B's 4.4 ms steps, or its prefill chunks: both long, both at half speed).
+GPU_TIMESLICE_S = 0.010
 
 # --- The DGX Spark's kernel path and host (GB10, sm_121, Grace cores) ---
 # Dense NVFP4 GEMM rate prefill reaches: the vendor's 1 PFLOP is FP4 *with 2:4 sparsity*,
@@ -72,6 +78,7 @@ class BoxSpec:
     step_overhead_s: float  # per engine step: scheduler, input prep, sampling (host CPU)
     forward_overhead_s: float = FORWARD_OVERHEAD_S  # per extra forward pass (drafts)
     frontend_latency_s: float = 0.0  # client-observed latency of vLLM's HTTP frontend
+    gpu_timeslice_s: float = GPU_TIMESLICE_S  # longest wait of a step for a box-mate's
 
     def __post_init__(self) -> None:
         if min(self.memory_bytes, self.mem_bandwidth, self.bf16_flops, self.fp8_flops) <= 0:

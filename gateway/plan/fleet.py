@@ -10,11 +10,11 @@ Each model is a `BoxSim` (engine_adapter/spark/scheduler.py) placed on a box. Re
 - a model's name: everything to that model.
 
 Engines sharing a box take turns on its GPU: each engine is a process of its own, and a
-GPU runs one process's kernels at a time (time-slicing, no MPS), so a step waits for the
-step of a box-mate under way and then runs at full speed. A short step beside a long one
-pays most: on the H200 a 35B-A3B decode step (4 ms) beside the 27B's (15 ms) took 14-17 ms,
-the 27B's 20-34 ms (issue 21), which halving each engine's bandwidth (the model before) put
-at 2x for both.
+GPU runs one process's kernels at a time, switching after a time slice
+(`BoxSpec.gpu_timeslice_s`), so each slice of a step's work (the step, or a slice of a longer
+one) waits for a slice of a busy box-mate's. A short step beside a long one pays most: on the
+H200 a 35B-A3B decode step (4 ms) beside the 27B's (15 ms) took 14-17 ms, the 27B's 20-34 ms
+(issue 21), which halving each engine's bandwidth (the model before) put at 2x for both.
 """
 
 from __future__ import annotations
@@ -222,6 +222,7 @@ class _Lane:
     deployed: Deployed
     sim: BoxSim
     pending: StepResult | None = None  # the step under way, delivered at its end
+    step_s: float = 0.0  # that step's own length, on a GPU to itself
     flights: dict[str, Flight] = field(default_factory=dict)
 
 
@@ -259,6 +260,7 @@ class Fleet:
                     step_tokens=kv.max_num_batched_tokens,
                     quality=d.quality,
                     box=d.box,
+                    timeslice_s=placement.box.gpu_timeslice_s,
                 )
             )
         self.slos = slo_classes(routing)  # the objectives themselves, no headroom
@@ -266,7 +268,6 @@ class Fleet:
         self._rr = itertools.cycle([d.name for d in placement.models])
         self.outcomes: dict[str, Outcome] = {}
         self._due = _Due()  # arrivals, and held requests to send
-        self._gpu_free_at: dict[str, float] = {}  # per box: when the step under way on its GPU ends
 
     def _pick(self, a: Arrival) -> tuple[str | None, RouteInfo | None]:
         """The model for this arrival (None: turned away) and routing's decision."""
@@ -283,16 +284,22 @@ class Fleet:
         return (info.model, info) if isinstance(info, RouteInfo) else (None, None)
 
     def _start_step(self, lane: _Lane) -> None:
-        """Compute the lane's next step from now: it runs once its box's GPU has finished the
-        step under way there (a box-mate's), first come, first served."""
+        """Compute the lane's next step from now, stretched by the box-mates it takes turns with:
+        for each whose step is under way, each slice of this step's work (the step, or a time
+        slice of a longer one) waits for a slice of the mate's (`policies.lanes.Lane.turn_ratio`,
+        the router's prediction of the same)."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
-        box = lane.deployed.box
-        start = max(res.start, self._gpu_free_at.get(box, 0.0))
-        if start > res.start:
-            res = dataclasses.replace(res, start=start, end=start + res.duration)
+        lane.step_s = own = res.duration
+        slice_s = self.placement.box.gpu_timeslice_s
+        ratio = sum(
+            min(m.step_s, slice_s) / max(min(own, slice_s), 1e-6)
+            for m in self.lanes.values()
+            if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
+        )
+        if ratio:
+            res = dataclasses.replace(res, end=res.start + own * (1 + ratio))
             lane.sim.now = res.end
-        self._gpu_free_at[box] = res.end
         lane.pending = res
 
     def _admit_new(self, lane: _Lane) -> None:

@@ -5,13 +5,14 @@ Deterministic (virtual time, seeded arrivals): these check the mechanics, not pe
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from engine_adapter.spark import MODELS
+from engine_adapter.spark import H200, MODELS, Serving
 from gateway.plan.fleet import Arrival, Deployed, Fleet, Placement, RequestKind, arrivals, simulate
 from gateway.settings import LatencyProfile, RoutingSettings, SloClass
 from policies.latency import Prediction
@@ -136,7 +137,7 @@ def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> N
     assert held.hold_again() == 0.0
 
 
-def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
+def test_a_prefill_progresses_at_half_speed_while_a_box_mate_prefills() -> None:
     fleet = Fleet(ONE_BOX, ROUTING, "router")
     load, clock = fleet.model, fleet.clock
     assert load is not None
@@ -147,12 +148,45 @@ def test_a_prefill_progresses_at_half_speed_while_a_box_mate_is_busy() -> None:
     clock.now = 4.0
     assert lane.prefill_backlog_s() == pytest.approx(work - 4.0)  # alone on the box: full speed
     mate = load.fly("moe", range(1_000), 10, None, _route(60.0))
+    # Both steps longer than a time slice: they take turns slice by slice
+    assert lane.turn_ratio(load.lanes["moe"].turn_s(), lane.prefill_step_s(20_000)) == 1.0
     clock.now = 8.0  # the mate has been busy for the last 4 s: they count half
     assert lane.prefill_backlog_s() == pytest.approx(work - 6.0)
     mate.finish()
     clock.now = 10.0
     assert lane.prefill_backlog_s() == pytest.approx(work - 8.0)
     assert lane.until_first_token(long, clock.now) == pytest.approx(work - 8.0)
+
+
+def test_engines_on_one_box_take_turns_on_its_gpu() -> None:
+    """Each slice of a step's work waits for a slice of a busy box-mate's (a step, or a time
+    slice of a longer one): a short step beside a long one waits a whole slice, a long one beside
+    a short one loses that step's share."""
+
+    def tpots(placement: Placement, long: str) -> dict[str, float]:
+        """Each model's decode time per token with one request each, `long`'s outlasting the other's."""
+        fleet = Fleet(placement, ROUTING, "round-robin")
+        load = [
+            Arrival(name, 0.0, RequestKind(name, 1.0, (100, 100), 2_000 if name == long else 200, "batch"), (1,) * 100)
+            for name in ("dense", "moe")
+        ]
+        fleet.run(load)
+        return {
+            a.id: (o.last - o.first) / (o.tokens - 1)
+            for a in load
+            if (o := fleet.outcomes[a.id]).last is not None and o.first is not None
+        }
+
+    # On an H200, one token per step (no drafts): the 35B-A3B's step is shorter than a slice.
+    serving = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+    h200 = {n: dataclasses.replace(p, box=H200, serving=serving) for n, p in (("two", TWO_BOXES), ("one", ONE_BOX))}
+    alone = tpots(h200["two"], "dense")  # each on a box of its own
+    q = H200.gpu_timeslice_s
+    assert alone["moe"] < q < alone["dense"]
+    for short, long in (("moe", "dense"), ("dense", "moe")):
+        shared = tpots(h200["one"], long)[short]
+        ratio = min(alone[long], q) / min(alone[short], q)
+        assert shared == pytest.approx(alone[short] * (1 + ratio), rel=0.02), (short, alone, shared)
 
 
 def _capped(cap: int, model: str = "Qwen3.8-27B", latency: LatencyProfile = DENSE) -> Fleet:
@@ -311,6 +345,15 @@ def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class
     # turned away.
     no = _turned_away(load, "dense", ["dense"], "document", range(80_000), 300)
     assert re.search(r"cannot wait .* to keep an engine ready for interactive", no.message)
+    # The one held: at its hold's end, held on while the 35B-A3B is still busy (another prompt
+    # came) and its first token can still be in time.
+    held = load.fly("dense", range(20_000), 300, None, info)
+    more = load.fly("moe", range(30_000), 300, None, _route(60.0))  # another prompt there meanwhile
+    more.admitted()
+    clock.now = held.not_before
+    assert held.hold_again() > 0.0  # held on: its first token can still be in time
+    more.finish()
+    held.finish()
     # Once the 35B-A3B is ready again, nothing is held.
     busy.finish()
     _, info = _routed(load, "dense", ["dense"], "document", range(20_000), 300)
@@ -333,10 +376,13 @@ def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     # Idle now: nothing for the first idle gap, then half of the time.
     assert mate.busy_within(0.0, 5.0) == 0.0
     assert mate.busy_within(0.0, 30.0) == pytest.approx(10.0)
-    # So a long prompt on the 27B is predicted slower than it would be on an idle box, a chat not.
+    # So a long prompt on the 27B is predicted slower than it would be on an idle box, by the
+    # mate's steps it takes turns with for half of the time past the gap; a chat not.
     lane = load.lanes["dense"]
     alone = lane.latency.predict(prompt_tokens=40_000).ttft_s
-    assert lane.predict_tokens(40_000, 0, 10).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0))
+    turns = lane.turn_ratio(mate.turn_s(), lane.prefill_step_s(40_000))
+    assert 0 < turns < 1  # one of its decode steps per time slice of the 27B's prefill
+    assert lane.predict_tokens(40_000, 0, 10).ttft_s == pytest.approx(alone + 0.5 * (alone - 10.0) * turns)
     assert lane.predict_tokens(1_000, 0, 10).ttft_s == pytest.approx(lane.latency.predict(prompt_tokens=1_000).ttft_s)
 
 

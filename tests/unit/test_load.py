@@ -238,6 +238,15 @@ def test_other_prompts_prefilling_beside_a_request_teach_no_ttft_and_come_out_of
     h.tokens(10)
     h.finish()
     assert a.latency.learned()["tpot"]["n"] == 1
+    # Spans older than the busy history go; a first token without an admission is no span.
+    clock.now += BUSY_HISTORY_S + 10.0
+    late = model.fly("a", range(100), 5)
+    late.admitted()
+    unseen = model.fly("a", range(100), 5)
+    clock.now += 0.1
+    late.tokens(1, 0)
+    unseen.tokens(1, 0)
+    assert [(s, e) for s, e, _ in a.prefill_spans] == [(clock.now - 0.1, clock.now)]
 
 
 def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
@@ -270,7 +279,7 @@ def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
     # A held one comes after everything there now.
     assert a.until_first_token(held, 0.0) == pytest.approx(a.prefill_s(7_000) + a.prefill_s(3_000))
     # Busy: the engine beside it on the box expects it busy until its work is done.
-    assert a.busy_s() > a.prefill_all_s() > 0 and b.mates_busy_s() == a.busy_s()
+    assert a.busy_s() > a.prefill_all_s() > 0 and b.mates_turns() == [(a.busy_s(), a.turn_s())]
     assert a.busy_within(0.0, 1.0) == 1.0
     first.admitted()
     assert first.prefilling and a.until_first_token(first, 0.0) == pytest.approx(a.prefill_s(5_000))
