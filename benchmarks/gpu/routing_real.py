@@ -437,6 +437,10 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float)
             extra_headers={"X-Sparkgate-SLO": a.kind.slo},
         )
         rec["model"] = raw.headers.get("x-sparkgate-model", model)
+        # Why routing sent it there (and how long it held it), and what it predicted.
+        rec["route"] = raw.headers.get("x-sparkgate-route")
+        rec["predicted_ttft_ms"] = raw.headers.get("x-sparkgate-predicted-ttft-ms")
+        rec["predicted_tpot_ms"] = raw.headers.get("x-sparkgate-predicted-tpot-ms")
         async for chunk in raw.parse():
             now = time.perf_counter()
             if chunk.choices and chunk.choices[0].delta.content:
@@ -454,6 +458,7 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float)
         body = e.body if isinstance(e.body, dict) else {}
         rec["error"] = str(body.get("code") or e.status_code)
         rec["status"] = e.status_code
+        rec["message"] = body.get("message")
         return rec
     except openai.APIError as e:
         rec["error"] = type(e).__name__
