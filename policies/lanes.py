@@ -277,12 +277,8 @@ class Lane:
         return seconds + sum(min(seconds, busy) * self.turn_ratio(turn, step_s) for busy, turn in turns)
 
     def turn_ratio(self, mate_step_s: float, step_s: float) -> float:
-        """Seconds of a busy box-mate's work per second of this engine's, their steps being
-        `mate_step_s` and `step_s` long: each slice of work here (a step, or a time slice of a
-        longer one) waits for a slice of the mate's. Two long steps: half speed each; a short
-        step beside a long one: it waits a whole slice."""
-        q = self.spec.timeslice_s
-        return min(mate_step_s, q) / max(min(step_s, q), MIN_STEP_S)
+        """`turn_ratio` with this engine's GPU time slice."""
+        return turn_ratio(mate_step_s, step_s, self.spec.timeslice_s)
 
     def busy_between(self, t0: float, t1: float) -> float:
         """Seconds between t0 and t1 during which this engine had requests."""
@@ -595,12 +591,24 @@ class Lane:
         if not harm.reason or flight.ttft_due is None:
             return 0.0
         wait = max(harm.clears_s, MIN_HOLD_S)
-        new = flight.prompt_tokens - self.cached_tokens(flight.keys)
-        own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=self.cached_tokens(flight.keys))
-        if now + wait + self.with_mates(own.ttft_s, self.prefill_step_s(new)) > flight.ttft_due:
+        cached = self.cached_tokens(flight.keys)
+        own = self.latency.predict(prompt_tokens=flight.prompt_tokens, cached_tokens=cached)
+        if (
+            now + wait + self.with_mates(own.ttft_s, self.prefill_step_s(flight.prompt_tokens - cached))
+            > flight.ttft_due
+        ):
             return 0.0
         flight.not_before = now + wait
         return wait
+
+
+def turn_ratio(mate_step_s: float, step_s: float, slice_s: float) -> float:
+    """Seconds of a busy box-mate's work per second of an engine's, their steps being
+    `mate_step_s` and `step_s` long, on a GPU switching after `slice_s`: each slice of work here
+    (a step, or a time slice of a longer one) waits for a slice of the mate's. Two long steps:
+    half speed each; a short step beside a long one: it waits a whole slice. The box model
+    (gateway/plan/fleet.py) stretches its steps by the same."""
+    return min(mate_step_s, slice_s) / max(min(step_s, slice_s), MIN_STEP_S)
 
 
 def _to_prefill(f: Flight) -> int:

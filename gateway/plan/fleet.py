@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from engine_adapter.spark import DGX_SPARK, MODELS, STEP_TOKENS, BoxSim, BoxSpec, GiB, Serving, SimConfig, StepResult
 from gateway.router import load_model, slo_classes
 from gateway.settings import LatencyProfile, ModelSettings, PlacementSettings, RoutingSettings
-from policies.lanes import Flight, LaneSpec
+from policies.lanes import Flight, LaneSpec, turn_ratio
 from policies.latency import Prediction, Profile
 from policies.load import RouteInfo, RouteQuery
 
@@ -286,14 +286,14 @@ class Fleet:
     def _start_step(self, lane: _Lane) -> None:
         """Compute the lane's next step from now, stretched by the box-mates it takes turns with:
         for each whose step is under way, each slice of this step's work (the step, or a time
-        slice of a longer one) waits for a slice of the mate's (`policies.lanes.Lane.turn_ratio`,
-        the router's prediction of the same)."""
+        slice of a longer one) waits for a slice of the mate's (`turn_ratio`, the router's
+        prediction of the same)."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
         lane.step_s = own = res.duration
         slice_s = self.placement.box.gpu_timeslice_s
         ratio = sum(
-            min(m.step_s, slice_s) / max(min(own, slice_s), 1e-6)
+            turn_ratio(m.step_s, own, slice_s)
             for m in self.lanes.values()
             if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
         )
