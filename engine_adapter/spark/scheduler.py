@@ -1,7 +1,8 @@
 """`BoxSim`: vLLM's scheduler on the box model, in virtual time.
 
 FCFS, chunked prefill with decodes first, max_num_seqs, the block pool (block_pool.py),
-no preemption: a request is admitted only when its peak fits.
+no preemption: a request is admitted only when its peak fits; for hybrid models with prefix
+caching, vLLM's Mamba "align" mode (prefill chunks end on block boundaries).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class BoxSim:
     request's whole peak, so nothing is ever preempted; a request that does not fit waits.
     The linear-attention state of max_num_seqs sequences is reserved from the KV budget up
     front (as vLLM's Mamba cache is per slot), so the block pool holds attention KV only.
+
+    A model with linear-attention layers and prefix caching on runs as vLLM's mamba_cache_mode
+    "align" (`_aligned`): a prefill chunk that does not finish the prompt's full blocks ends on a
+    block boundary, so a chunk the step's leftover budget cannot stretch to one waits: a
+    running prefill sits the step out, a waiting request stops admission (FCFS).
     """
 
     def __init__(self, model: ModelSpec, box: BoxSpec = DGX_SPARK, config: SimConfig | None = None) -> None:
@@ -124,6 +130,10 @@ class BoxSim:
                 f"KV budget {budget} B cannot hold the linear state of {self.config.max_num_seqs} sequences"
             )
         self.pool = BlockPool(pool_bytes // self.bytes_per_block)
+        # vLLM runs hybrid models with prefix caching in mamba_cache_mode "align".
+        self.mamba_align = model.linear_state_bytes > 0 and self.config.enable_prefix_caching
+        if self.mamba_align:
+            self._check_align()
         self.now = 0.0
         self._future: list[_Request] = []  # arrival > now
         self._waiting: list[_Request] = []
@@ -133,6 +143,23 @@ class BoxSim:
         self.generation_tokens = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+
+    def _check_align(self) -> None:
+        """Refuse align-mode settings under which a long prompt could never get a chunk."""
+        bs, c = self.block_size, self.config
+        if bs > c.max_num_batched_tokens:
+            # vLLM's own config check: even a lone prompt's chunk would floor to 0 every step.
+            raise ValueError(
+                f"In Mamba cache align mode, block_size ({bs}) must be <= "
+                f"max_num_batched_tokens ({c.max_num_batched_tokens})"
+            )
+        if 0 < c.long_prefill_token_threshold < bs:
+            # vLLM does not check this, and hangs: with two long prompts in, both are capped below
+            # a block, floored to 0, and neither ever prefills again.
+            raise ValueError(
+                f"In Mamba cache align mode, long_prefill_token_threshold ({c.long_prefill_token_threshold}) "
+                f"must be 0 or >= block_size ({bs}): two long prompts would never prefill"
+            )
 
     # -- facts ------------------------------------------------------------------------
 
@@ -241,10 +268,16 @@ class BoxSim:
     def _outstanding(self) -> int:
         return sum(r.peak_blocks - len(r.blocks) for r in self._running)
 
-    def _try_admit(self, req: _Request) -> bool:
-        """Admit if the request's peak fits beside every running request's remaining peak."""
+    def _cache_hits(self, req: _Request) -> list[int]:
+        """The cached blocks of the request's prompt prefix that admission would take."""
+        if not self.config.enable_prefix_caching:
+            return []
         max_hit = (req.prompt_len - 1) // self.block_size  # vLLM computes at least one token
-        hits = self.pool.lookup(req.hashes[:max_hit]) if self.config.enable_prefix_caching else []
+        return self.pool.lookup(req.hashes[:max_hit])
+
+    def _try_admit(self, req: _Request, hits: list[int]) -> bool:
+        """Admit with these prefix hits if the request's peak fits beside every running
+        request's remaining peak."""
         revived = sum(1 for b in hits if self.pool.is_evictable(b))
         need = req.peak_blocks - len(hits) + revived
         if need > self.pool.available - self._outstanding():
@@ -276,8 +309,24 @@ class BoxSim:
         while self._future and self._future[0].arrival <= self.now:
             self._waiting.append(self._future.pop(0))
 
+    def _aligned(self, req: _Request, start: int, n: int) -> int:
+        """vLLM's `_mamba_block_aligned_split`: the Mamba state is cached only at chunk ends, so a
+        chunk from `start` ends on a block boundary (0 when `n` cannot reach the next one),
+        stopping at the prompt's last one if it would cross it; only the chunk after that, the
+        prompt's last, ends anywhere."""
+        bs = self.block_size
+        last_cache_position = req.prompt_len - req.prompt_len % bs
+        end = start + n
+        if end < last_cache_position:
+            end = end // bs * bs
+        elif start < last_cache_position < end:
+            end = last_cache_position  # vLLM: "force to cache the last chunk"
+        return max(0, end - start)
+
     def _schedule(self) -> tuple[list[_Request], list[tuple[_Request, int]]]:
-        """(decoding requests, (prefilling request, chunk)) for this step."""
+        """(decoding requests, (prefilling request, chunk)) for this step. In align mode a
+        running prefill whose aligned chunk is empty sits this step out; a waiting one stops
+        admission for the step (vLLM `break`s: nobody overtakes it)."""
         budget = self.config.max_num_batched_tokens
         k1 = self.model.spec.draft_tokens + 1
         # As vLLM: the cap applies only when another request runs or waits (nobody to starve otherwise).
@@ -285,15 +334,18 @@ class BoxSim:
         decodes: list[_Request] = []
         chunks: list[tuple[_Request, int]] = []
 
-        def chunk(r: _Request, budget: int) -> int:
-            n = r.prompt_len - r.computed
-            return min(n, cap, budget) if cap else min(n, budget)
+        def chunk(r: _Request, budget: int, start: int) -> int:
+            n = r.prompt_len - start
+            n = min(n, cap, budget) if cap else min(n, budget)
+            return self._aligned(r, start, n) if self.mamba_align else n
 
         for r in self._running:
             if budget <= 0:
                 break
             if r.prefilling:
-                n = chunk(r, budget)
+                n = chunk(r, budget, r.computed)
+                if n == 0:
+                    continue  # align mode: no block-aligned chunk fits what is left of the step
                 chunks.append((r, n))
                 budget -= n
             else:
@@ -301,11 +353,14 @@ class BoxSim:
                 budget -= k1
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             req = self._waiting[0]
-            if not self._try_admit(req):
+            hits = self._cache_hits(req)
+            n = chunk(req, budget, len(hits) * self.block_size)  # its chunk starts past the cached prefix
+            if n == 0:
+                break  # align mode: no aligned chunk fits; it stays waiting and nobody overtakes it
+            if not self._try_admit(req, hits):
                 break  # FCFS: nobody overtakes a request that is waiting for blocks
             self._waiting.pop(0)
             self._running.append(req)
-            n = chunk(req, budget)
             chunks.append((req, n))
             budget -= n
         return decodes, chunks

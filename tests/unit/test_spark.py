@@ -166,10 +166,13 @@ def test_long_prefill_threshold_lets_a_short_prompt_in_beside_a_long_one() -> No
         return first["chat"] - steps[0].start, [s.prefill_tokens for s in steps[:3]]
 
     capped, chunks = chat_ttft(1024)
-    assert chunks == [1024 + 1024, 1024 + 476, 1024]  # the doc and the chat share each step
+    # The doc and the chat share each step; the 27B is hybrid with prefix caching, so (vLLM's
+    # align mode) the chat's chunk stops at its last block boundary (1488) and its last 12 tokens
+    # take a third step.
+    assert chunks == [1024 + 1024, 1024 + 464, 1024 + 12]
     fcfs, chunks = chat_ttft(0)
     assert chunks == [2048, 2048, 2048]  # the chat waits for the doc's whole prompt
-    assert capped < 1.5 < 10 < fcfs
+    assert capped < 2 < 10 < fcfs  # three shared steps against the doc's whole prompt
 
 
 def test_kv_pool_is_never_over_committed_and_nothing_is_preempted() -> None:
