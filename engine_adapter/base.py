@@ -166,6 +166,12 @@ class KVSpec:
     def capacity_tokens(self) -> int:
         return self.block_size * self.usable_blocks
 
+    @property
+    def aligned_chunks(self) -> bool:
+        """Whether the scheduler ends every prefill chunk but a prompt's last on a block
+        boundary: vLLM does for linear-attention state in "align" mode (prefix caching)."""
+        return self.prefix_caching and any(g.mamba_mode == "align" for g in self.groups)
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineStats:

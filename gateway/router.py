@@ -55,6 +55,7 @@ def _lane(m: ServedModel, box: str) -> LaneSpec:
         cache_blocks=spec.usable_blocks if spec.prefix_caching else 0,
         chunk_tokens=spec.long_prefill_token_threshold,
         step_tokens=spec.max_num_batched_tokens,
+        aligned_chunks=spec.aligned_chunks,
         quality=m.settings.quality,
         box=box,
     )

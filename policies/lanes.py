@@ -32,8 +32,8 @@ MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
 PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
 MAX_PREFILL_SHARE = 0.8
 MIN_STEP_S = 1e-4  # a step's floor in the turn-taking ratios (a profile may predict ~0 for a tiny prompt)
-# A GPU switches between busy processes after a time slice: a step waits for a box-mate's step
-# under way at most this long (the box model's `gpu_timeslice_s`, fitted on the H200: issue 21).
+# A step waits for a busy box-mate's at most this long (the box model's `gpu_timeslice_s`, fitted
+# on the H200: a step's total wait over its host syncs, ~2 ms each as measured; issue 21).
 GPU_TIMESLICE_S = 0.010
 
 
@@ -54,6 +54,9 @@ class LaneSpec:
     cache_blocks: int = 0  # its prefix cache's pool (0: it caches no prefixes)
     chunk_tokens: int = 0  # a prompt's chunk while others run or wait (vLLM's long_prefill_token_threshold; 0: none)
     step_tokens: int = 0  # the scheduler's tokens per step (max_num_batched_tokens; 0: the chunk)
+    # vLLM's "align" mode (linear-attention models with prefix caching): every chunk of a prompt
+    # but its last ends on a block boundary (`prefill_ahead_s`).
+    aligned_chunks: bool = False
     quality: float = 0.0  # candidates go best first
     box: str = ""  # engines on one box take turns on its GPU
     timeslice_s: float = GPU_TIMESLICE_S  # the longest a step waits for a box-mate's
@@ -479,13 +482,27 @@ class Lane:
         has prefilled (`queued`: those waiting ahead of it; None: all). Without a chunk cap
         the engine prefills first come, first served: all of them. With one
         (`LaneSpec.chunk_tokens`), each prompt ahead takes at most a chunk of every step the
-        new one prefills in, so a short prompt waits a chunk of each."""
+        new one prefills in, so a short prompt waits a chunk of each; with aligned chunks, only
+        while a step has room for its first one."""
         cap = self.spec.chunk_tokens
         if not cap:
             return self.prefill_all_s(queued)
+        left = self.prefills_left(queued)
+        first = 0.0
+        if self.spec.aligned_chunks:
+            # Its first chunk must reach a block boundary (or its end): with the prompts ahead
+            # each taking a chunk of every step, the step's room may be short of one, and then it
+            # waits (and vLLM admits nobody after it) until enough of them have prefilled. The
+            # 35B-A3B with FP8 KV: 2,096-token blocks and chunks, 4,096-token steps: a chat of
+            # more than 2,000 tokens waits for all of a document's prefill (issue 21).
+            need = self.spec.block_size if new_tokens >= self.spec.block_size else 1
+            beside = max(0, (self.spec.step_tokens or cap) - need) // cap  # prompts it can prefill beside
+            if len(left) > beside:
+                first = sum(left_s for _, left_s in left[: len(left) - beside])
+                left = left[len(left) - beside :]
         steps = math.ceil(max(1, new_tokens) / cap)
-        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in self.prefills_left(queued)]
-        total = sum(w for *_, w in waits)
+        waits = [(f, left_s, min(left_s, steps * self.chunk_s(f, cap))) for f, left_s in left]
+        total = first + sum(w for *_, w in waits)
         if len(self.ahead()) == 1 and waits:
             # A prompt alone is not capped: the step under way may be a whole budget of it.
             f, left_s, w = waits[0]

@@ -258,6 +258,7 @@ class Fleet:
                     cache_blocks=kv.usable_blocks if kv.prefix_caching else 0,
                     chunk_tokens=kv.long_prefill_token_threshold,
                     step_tokens=kv.max_num_batched_tokens,
+                    aligned_chunks=sim.mamba_align,  # (its kv_spec keeps linear state out of the pool)
                     quality=d.quality,
                     box=d.box,
                     timeslice_s=placement.box.gpu_timeslice_s,

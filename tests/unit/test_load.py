@@ -225,6 +225,9 @@ def test_other_prompts_prefilling_beside_a_request_teach_no_ttft_and_come_out_of
     assert a.latency.observations == 0 and [(s, e) for s, e, _ in a.prefill_spans] == [(0.0, 0.2), (0.0, 3.2)]
     assert a.prefilling_within(0.1, 5.0, f) == pytest.approx(3.1)
     assert a.prefilling_within(0.1, 5.0, g) == pytest.approx(0.1)
+    h = model.fly("a", range(500), 5)
+    a.prefilled(h, 1.0, 2.0)  # inside g's: counted once
+    assert a.prefilling_within(0.1, 5.0, f) == pytest.approx(3.1)
     clock.now = 3.2 + 400 * step  # f's decode: 3 s of g's prefill, then its own speed
     f.tokens(400)
     f.finish()
@@ -349,3 +352,31 @@ def test_lenient_work_before_any_reserved_request_or_beside_a_ready_engine_is_no
     for names in (["dense", "moe"], ["moe", "dense"]):
         summary = ask(model, names[0], "batch", 1_000, names=names)
         assert isinstance(summary, RouteInfo) and summary.hold_s == 0.0
+
+
+def test_with_aligned_chunks_a_prompt_longer_than_a_steps_room_waits_for_the_prefill_ahead() -> None:
+    # The 35B-A3B with FP8 KV on vLLM: 2,096-token blocks (and chunks), 4,096-token steps. Beside
+    # a document's 2,096-token chunk a step has 2,000 tokens of room: a 2,400-token chat's first
+    # chunk would end short of its first block boundary, so vLLM holds it until the document has
+    # prefilled; a 1,500-token chat (no boundary before its end) prefills beside it.
+    clock = Clock()
+    shape = {"chunk_tokens": 2096, "step_tokens": 4096, "block_size": 2096}
+    aligned = LoadModel([lane("a", clock, FAST, aligned_chunks=True, **shape)], CLASSES, aliases=ALIASES)
+    free = LoadModel([lane("a", clock, FAST, **shape)], CLASSES, aliases=ALIASES)
+    for model in (aligned, free):
+        model.fly("a", range(50_000), 300).admitted()
+    a, f = aligned.lanes["a"], free.lanes["a"]
+    document = a.prefill_s(50_000)
+    assert a.prefill_ahead_s(2_400) == pytest.approx(document)
+    assert f.prefill_ahead_s(2_400) < 0.3 * document
+    assert a.prefill_ahead_s(1_500) == pytest.approx(f.prefill_ahead_s(1_500))
+    assert a.prefill_ahead_s(1_500) < 0.3 * document
+    # The 27B's 1,568-token blocks: a step has room for a chunk beside one prompt, not two.
+    narrow = {"chunk_tokens": 1568, "step_tokens": 4096, "block_size": 1568}
+    dense = LoadModel([lane("d", clock, SLOW, aligned_chunks=True, **narrow)], CLASSES, aliases=ALIASES)
+    dense.fly("d", range(30_000), 300).admitted()
+    d = dense.lanes["d"]
+    beside_one = d.prefill_ahead_s(2_400)
+    assert beside_one < 0.3 * d.prefill_s(30_000)
+    dense.fly("d", range(20_000), 300).admitted()
+    assert d.prefill_ahead_s(2_400) >= d.prefill_s(30_000)  # the first of the two, whole

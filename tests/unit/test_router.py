@@ -82,6 +82,7 @@ def test_served_models_become_lanes_best_first(router: Router, engines: tuple[St
         1024,
         4096,
     )
+    assert not small.spec.aligned_chunks  # full attention only: vLLM splits prefills anywhere
     engines[0].now = 7.0
     assert small.clock() == 7.0 and small.spec.healthy()
     assert router.model.headroom == 0.9 and router.model.slo("batch").prefer == "fast"
@@ -127,3 +128,12 @@ def test_a_route_and_the_errors_for_none(router: Router, engines: tuple[StubEngi
     snap = router.snapshot()
     assert snap["rejected"] == 2
     assert snap["models"]["big"]["in_flight"] == 2 and snap["models"]["small"]["running"] == 0  # type: ignore[index]
+
+
+def test_a_hybrid_engine_with_prefix_caching_splits_prefills_on_block_boundaries() -> None:
+    # Linear-attention state in vLLM's "align" mode: the lane predicts aligned chunks.
+    state = KVGroup(kind="linear_attention", num_layers=2, block_size=16, page_bytes_per_layer=2048, mamba_mode="align")
+    hybrid = dataclasses.replace(SPEC, groups=(*SPEC.groups, state))
+    for spec, aligned in ((hybrid, True), (dataclasses.replace(hybrid, prefix_caching=False), False)):
+        router = Router(ROUTING, [served("h", 10, StubEngine(spec))])
+        assert router.model.lanes["h"].spec.aligned_chunks is aligned
