@@ -17,6 +17,12 @@ Goodput: requests per second that met their objective.
     python benchmarks/routing.py                      # prints the table, writes the plot
     python benchmarks/routing.py --rates 0.1 0.3 --duration 300
     python benchmarks/routing.py --rates 0.26 --seeds 30 --only router "qwen3.6-35b-a3b alone"
+    python benchmarks/routing.py --rates 0.26 --seeds 10 --vllm-blocks \
+        --only router "qwen3.6-35b-a3b alone" --plot /tmp/r.svg
+
+`--vllm-blocks`: each engine with the KV block vLLM gives it (a hybrid model's attention block
+stretched to its linear-attention state: 2,096 / 1,568 tokens), rather than the box model's 16.
+vLLM then splits prefills on those blocks and the prefix cache reuses only whole ones.
 """
 
 from __future__ import annotations
@@ -46,6 +52,18 @@ def solo(d: Deployed) -> Placement:
     return Placement(f"{d.name} alone", (whole,))
 
 
+def vllm_blocks(placement: Placement) -> Placement:
+    """`placement` with each engine's block as vLLM sizes it (`ModelSpec.vllm_block_size`), its
+    long-prefill cap raised to a block where it is below one (vLLM never prefills again
+    otherwise: engine_adapter/spark/scheduler.py)."""
+    out = []
+    for d in placement.models:
+        block = MODELS[d.model].served(placement.serving).vllm_block_size
+        cap = max(d.long_prefill_token_threshold, block) if d.long_prefill_token_threshold else 0
+        out.append(dataclasses.replace(d, block_size=block, long_prefill_token_threshold=cap))
+    return dataclasses.replace(placement, models=tuple(out))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "config/sim-dgx-spark.yaml"))
@@ -55,11 +73,14 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="runs per load (seeds seed, seed+1, ...), pooled")
     ap.add_argument("--only", nargs="+", metavar="STRATEGY", help='run only these ("router", "<model> alone", ...)')
     ap.add_argument("--plot", default=str(ROOT / "docs/routing-benchmark.svg"))
+    ap.add_argument("--vllm-blocks", action="store_true", help="the KV blocks vLLM gives hybrid models (see above)")
     args = ap.parse_args()
 
     settings = load_settings(args.config)
     assert settings.placement is not None, "the config needs a placement"
     placement = placement_from_settings(settings.placement, settings.models)
+    if args.vllm_blocks:
+        placement = vllm_blocks(placement)
     routing = settings.routing
     # The same router with `auto` taking the best model for every class (no class prefers fast).
     all_best = routing.model_copy(
@@ -77,7 +98,10 @@ def main() -> int:
         setups = [s for s in setups if s[0] in args.only]
     print(
         f"placement {placement.name}: "
-        + "; ".join(f"{d.name} on {d.box} ({d.kv_gib:g} GiB KV)" for d in placement.models)
+        + "; ".join(
+            f"{d.name} on {d.box} ({d.kv_gib:g} GiB KV, {d.block_size or placement.serving.block_size}-token blocks)"
+            for d in placement.models
+        )
     )
     print(
         "workload: "

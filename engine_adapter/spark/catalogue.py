@@ -4,6 +4,7 @@ and FLOPs, and their speculative decoders."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -99,6 +100,17 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> float:
         return self.total_params * self.weight_bytes_per_param
+
+    @property
+    def vllm_block_size(self) -> int:
+        """The KV block vLLM gives this model: 16 tokens, or for a hybrid model the attention
+        block stretched (in 16-token steps) until one layer's page holds one linear-attention
+        layer's state: 2,096 / 1,568 tokens for the Qwen3.6 shapes with FP8 KV."""
+        linear = self.layers - self.full_attention_layers
+        if not self.linear_state_bytes or linear <= 0:
+            return 16
+        page_per_token = 2 * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        return 16 * math.ceil(self.linear_state_bytes / linear / (16 * page_per_token))
 
 
 def _gdn_state_bytes(layers: int, value_heads: int, k_dim: int = 128, v_dim: int = 128, conv_dim: int = 0) -> int:

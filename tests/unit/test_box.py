@@ -176,3 +176,13 @@ def test_box_vs_h200_reads_the_engine_direct_rows(tmp_path: Path) -> None:
     ]
     # The H200's datasheet alone predicts this run within 15% on every metric.
     assert all(abs(float(x[7].rstrip("%"))) < 15 for x in rows)
+
+
+def test_vllm_stretches_a_hybrid_models_block_until_a_page_holds_a_layers_linear_state() -> None:
+    # Measured on the H200 with FP8 KV (benchmarks/gpu/kv_check.py): 2,096 and 1,568 tokens.
+    fp8 = Serving(kv_dtype="fp8")
+    assert MODELS["Qwen3.6-35B-A3B"].served(fp8).vllm_block_size == 2096
+    assert MODELS["Qwen3.8-27B"].served(fp8).vllm_block_size == 1568
+    # BF16 KV: twice the bytes a token, about half the tokens (in 16-token steps).
+    assert MODELS["Qwen3.6-35B-A3B"].served(Serving(kv_dtype="bf16")).vllm_block_size == 1056
+    assert dataclasses.replace(MODELS["Qwen3.8-27B"], linear_state_bytes=0).vllm_block_size == 16
