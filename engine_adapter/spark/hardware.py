@@ -40,11 +40,12 @@ MOE_GEMM_EFFICIENCY = 0.12
 TRAINED_ROUTING_LOCALITY = 0.1
 # Fixed cost per extra forward pass (each draft pass): graph launch and sync.
 FORWARD_OVERHEAD_S = 0.0004
-# Engines on one box are processes of their own, and a GPU runs one process's kernels at a time,
-# switching between busy ones after a time slice: a step waits for a box-mate's step under way,
-# at most one slice. Fitted to the H200 (issue 21, two engines co-resident): the 35B-A3B's 4.4 ms
-# decode step took 14-17 ms beside the busy 27B (4.4 + 10), the 27B's 15.4 ms step 20-34 ms
-# (beside the 35B-A3B's 4.4 ms steps, or its prefill chunks: both long, both at half speed).
+# Engines on one box are processes of their own, and a GPU runs one process's kernels at a time:
+# a step waits for a busy box-mate, at most this long. Fitted to the H200 (issue 21, two engines
+# co-resident): the 35B-A3B's 4.4 ms decode step took 14-17 ms beside the busy 27B (4.4 + 10),
+# the 27B's 15.4 ms step 20-34 ms. Measured since (benchmarks/gpu/timeslice.py): ~2 ms per host
+# sync, and one long kernel is not stretched; so 10 ms is a step's total wait over its ~5 syncs,
+# not the GPU's slice.
 GPU_TIMESLICE_S = 0.010
 
 # --- The DGX Spark's kernel path and host (GB10, sm_121, Grace cores) ---
