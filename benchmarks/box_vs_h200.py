@@ -46,8 +46,10 @@ TOLERANCE = 0.15
 METRICS = ("ttft_s", "decode_tok_s", "output_tok_s_total")
 QWEN_VOCAB = 248_320  # the catalogue's lm_head (Qwen3.5/3.6 tokenizer)
 # The GPU runs' serving: dummy BF16 weights (random routers spread tokens uniformly over the
-# experts), no drafts (random weights would accept none).
-RUN_SERVING = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+# experts), no drafts (random weights would accept none), the CUDA build's asynchronous scheduler.
+RUN_SERVING = Serving(
+    weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0, async_scheduling=True
+)
 
 
 @dataclass(frozen=True)

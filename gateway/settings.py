@@ -560,6 +560,7 @@ class ServingSettings(_Model):
     spec_decode: bool = True
     block_size: int = Field(16, ge=1)
     routing_locality: float = Field(0.1, gt=0, le=1)  # 1.0 for dummy (random) weights
+    async_scheduling: bool = False  # the Spark deployment's --no-async-scheduling
 
 
 class BoxEfficiency(_Model):
@@ -586,6 +587,8 @@ class BoxFileSettings(_Model):
     step_overhead_s: float = Field(ge=0)
     forward_overhead_s: float = Field(0.0004, ge=0)
     frontend_latency_s: float = Field(0.0, ge=0)
+    sync_step_s: float = Field(0.0, ge=0)  # host work a synchronous scheduler waits for, per step
+    sync_token_s: float = Field(0.0, ge=0)  # ... and per token in the step
     serving: ServingSettings = ServingSettings()
 
     @field_validator("memory", mode="before")
@@ -620,6 +623,8 @@ def load_box(ref: str | Path) -> tuple[BoxSpec, Serving]:
         step_overhead_s=f.step_overhead_s,
         forward_overhead_s=f.forward_overhead_s,
         frontend_latency_s=f.frontend_latency_s,
+        sync_step_s=f.sync_step_s,
+        sync_token_s=f.sync_token_s,
     )
     return box, Serving(**f.serving.model_dump())
 

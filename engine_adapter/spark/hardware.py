@@ -79,9 +79,16 @@ class BoxSpec:
     step_overhead_s: float  # per engine step: scheduler, input prep, sampling (host CPU)
     forward_overhead_s: float = FORWARD_OVERHEAD_S  # per extra forward pass (drafts)
     frontend_latency_s: float = 0.0  # client-observed latency of vLLM's HTTP frontend
+    # Host work of a step that vLLM's asynchronous scheduler overlaps with the GPU's previous step
+    # and the synchronous one (`Serving.async_scheduling` False) waits for: per step, and per
+    # token in the step. 0 where `step_overhead_s` was measured synchronous (the Spark).
+    sync_step_s: float = 0.0
+    sync_token_s: float = 0.0
     gpu_timeslice_s: float = GPU_TIMESLICE_S  # longest wait of a step for a box-mate's
 
     def __post_init__(self) -> None:
+        if min(self.sync_step_s, self.sync_token_s) < 0:
+            raise ValueError(f"box {self.name!r}: sync_step_s and sync_token_s must be >= 0")
         if min(self.memory_bytes, self.mem_bandwidth, self.bf16_flops, self.fp8_flops) <= 0:
             raise ValueError(f"box {self.name!r}: memory, bandwidth and BF16/FP8 FLOP/s must be positive")
         for f in ("bandwidth_efficiency", "gemm_efficiency", "attention_efficiency", "moe_gemm_efficiency"):
@@ -118,6 +125,10 @@ class Serving:
     kv_dtype: KVDtype = "fp8"
     spec_decode: bool = True
     block_size: int = 16  # tokens per KV block
+    # vLLM's --no-async-scheduling, as the DGX Spark deployment runs (config/dgx-spark.yaml): each
+    # step waits for the host's work (`BoxSpec.sync_step_s`, `sync_token_s`). The CUDA build's
+    # default is asynchronous.
+    async_scheduling: bool = False
     # Share of a layer's experts decode tokens route over: trained weights on text reuse
     # experts (TRAINED_ROUTING_LOCALITY); dummy (random) weights route uniformly: 1.0.
     # Prefill chunks (thousands of varied tokens) route over all experts either way.
@@ -162,6 +173,14 @@ H200 = BoxSpec(
     # inside a CUDA graph, plus sampling. Public single-stream vLLM figures for ~3B-active MoE
     # models on H100-class GPUs (~4-5 ms per token for ~2 ms of weight streaming) put it at ~2.5 ms.
     step_overhead_s=0.0025,
+    # The synchronous scheduler's cost (the Spark deployment's, which the issue 21 routing runs
+    # keep): fitted on the 35B-A3B's requests that ran alone there against engine-direct runs
+    # with async scheduling (issue 19). One stream's TPOT 6.0 ms against 4.2 ms: 1.8 ms a step.
+    # A 14,274-token prompt's first token 0.84 s against ~0.58 s: ~37 ms a 2,096-token prefill
+    # step, so ~17 us a token. Which host work a prefill step exposes is not measured; the 27B is
+    # assumed to pay the same.
+    sync_step_s=0.0018,
+    sync_token_s=17e-6,
 )
 
 BOXES: dict[str, BoxSpec] = {"dgx-spark": DGX_SPARK, "h200": H200}

@@ -82,12 +82,15 @@ def step_cost(
     decode_contexts: Sequence[int],
     prefill_chunks: Sequence[tuple[int, int, bool]] = (),
     routing_locality: float = TRAINED_ROUTING_LOCALITY,
+    async_scheduling: bool = False,
 ) -> StepCost:
     """Time of one continuous-batching step of `model` as served (`ModelSpec.served`).
 
     decode_contexts: the KV length of each decoding sequence (each verifies k+1 positions).
     prefill_chunks: (tokens already cached, chunk length, whether the chunk ends the prompt).
     routing_locality: share of a layer's experts decode tokens route over (`Serving`).
+    async_scheduling: whether the host's work overlaps the GPU's (`Serving`); if not, the step
+    also waits for it (`BoxSpec.sync_step_s`, `sync_token_s`).
     """
     k1 = model.spec.draft_tokens + 1
     n_dec = len(decode_contexts)
@@ -114,13 +117,16 @@ def step_cost(
     compute_s += expert / (dense_flops * (box.moe_gemm_efficiency if n_pre else 1.0))
     memory_s = nbytes / box.effective_bandwidth
     draft_s, draft_bytes = _draft_cost(box, model, n_dec, n_pre)
-    seconds = max(memory_s, compute_s) + draft_s + box.step_overhead_s
+    overhead_s = box.step_overhead_s
+    if not async_scheduling:
+        overhead_s += box.sync_step_s + box.sync_token_s * tokens
+    seconds = max(memory_s, compute_s) + draft_s + overhead_s
     return StepCost(
         seconds=seconds,
         memory_s=memory_s,
         compute_s=compute_s,
         draft_s=draft_s,
-        overhead_s=box.step_overhead_s,
+        overhead_s=overhead_s,
         bytes=nbytes + draft_bytes,
         flops=dense + expert + attn,
         tokens=tokens,
@@ -128,7 +134,11 @@ def step_cost(
 
 
 def decode_step_cost(
-    box: BoxSpec, model: ModelSpec, contexts: Sequence[int], routing_locality: float = TRAINED_ROUTING_LOCALITY
+    box: BoxSpec,
+    model: ModelSpec,
+    contexts: Sequence[int],
+    routing_locality: float = TRAINED_ROUTING_LOCALITY,
+    async_scheduling: bool = False,
 ) -> StepCost:
     """A pure decode step (no prefill in the batch)."""
-    return step_cost(box, model, contexts, (), routing_locality)
+    return step_cost(box, model, contexts, (), routing_locality, async_scheduling)

@@ -379,6 +379,7 @@ class BoxSim:
             [r.prompt_len + r.generated - 1 for r in decodes],
             [(r.computed, n, r.computed + n == r.prompt_len) for r, n in chunks],
             self.serving.routing_locality,
+            self.serving.async_scheduling,
         )
         self.now = start + cost.seconds
         if cost.tokens:
