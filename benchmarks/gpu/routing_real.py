@@ -143,8 +143,11 @@ WORKLOADS = {"gpu": DEFAULT_WORKLOAD, "cpu-tiny": CPU_WORKLOAD}
 def serving(weights: str) -> Any:
     from engine_adapter.spark import Serving
 
-    # dummy weights: random routers spread every token over all the experts
-    return Serving(weight_dtype=weights, kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+    # dummy weights: random routers spread every token over all the experts; the Spark
+    # deployment's synchronous scheduler (gateway_settings), whose host time the box charges
+    return Serving(
+        weight_dtype=weights, kv_dtype="fp8", spec_decode=False, routing_locality=1.0, async_scheduling=False
+    )
 
 
 # --------------------------------------------------------------------------- the box model
@@ -748,31 +751,40 @@ def report(a: argparse.Namespace) -> int:
             runs = [r for r in doc["runs"] if r["strategy"] == strategy]
             if not runs:
                 continue
+            predicted = [
+                predict(
+                    strategy,
+                    rate,
+                    window,
+                    grace,
+                    r["seed"],
+                    profiles,
+                    doc["weights"],
+                    doc["routing"],
+                    WORKLOADS[doc["shape"]],
+                )
+                for r in runs
+            ]
             measured = summary([q for r in runs for q in r["requests"]], window + grace, doc["routing"])
-            pred = summary(
-                [
-                    q
-                    for r in runs
-                    for q in predict(
-                        strategy,
-                        rate,
-                        window,
-                        grace,
-                        r["seed"],
-                        profiles,
-                        doc["weights"],
-                        doc["routing"],
-                        WORKLOADS[doc["shape"]],
-                    )
-                ],
-                window + grace,
-                doc["routing"],
-            )
+            pred = summary([q for p in predicted for q in p], window + grace, doc["routing"])
             diff = 100 * (measured["attainment"] - pred["attainment"])
             print(
                 f"{strategy:<24}{measured['offered']:>8}{measured['attainment']:>10.1%}{pred['attainment']:>10.1%}"
                 f"{diff:>+6.1f}p  {measured['by_kind']} | {pred['by_kind']}"
             )
+            if len(runs) > 1:
+                per_seed = [
+                    (
+                        r["seed"],
+                        summary(r["requests"], window + grace, doc["routing"]),
+                        summary(p, window + grace, doc["routing"]),
+                    )
+                    for r, p in zip(runs, predicted, strict=True)
+                ]
+                print(
+                    "    per seed, measured / predicted: "
+                    + ", ".join(f"{seed}: {m['attainment']:.1%} / {p['attainment']:.1%}" for seed, m, p in per_seed)
+                )
             for side, s in (("measured", measured), ("predicted", pred)):
                 print(
                     f"    {side:<10} rejected {s['rejected']} unfinished {s['unfinished']} errors {s['errors']}"
