@@ -92,7 +92,7 @@ STEP_TOKENS = 4096
 ROUTING: dict[str, Any] = {
     "enabled": True,
     "classes": {
-        "interactive": {"ttft_s": 2.0, "tpot_s": 0.06, "reserve_slots": 2},
+        "interactive": {"ttft_s": 2.0, "tpot_s": 0.06, "reserve_slots": 2, "prefer": "fast"},
         "document": {"ttft_s": 60.0, "tpot_s": 0.06, "prefer": "fast"},
         "batch": {"deadline_s": 300.0, "prefer": "fast"},
     },

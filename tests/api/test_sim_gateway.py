@@ -54,18 +54,28 @@ def routing_stats(server: Server) -> dict[str, Any]:
     return r.json()["routing"]  # type: ignore[no-any-return]
 
 
-def test_auto_goes_to_the_best_model_on_an_idle_box(sim: Server) -> None:
+def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(sim: Server) -> None:
+    # The interactive class prefers the model done soonest (config: `prefer: fast`).
     raw = client(sim).chat.completions.with_raw_response.create(
         model="auto",
         messages=MESSAGES,  # type: ignore[arg-type]
         max_tokens=32,
     )
-    assert raw.headers["x-sparkgate-model"] == "qwen3.8-27b"
-    assert raw.headers["x-sparkgate-route"] == "best: meets interactive"
+    assert raw.headers["x-sparkgate-model"] == "qwen3.6-35b-a3b"
+    assert raw.headers["x-sparkgate-route"] == "fast: meets interactive"
     # Predicted in the box's seconds: a short prompt's first token well under a second.
     assert 0 < int(raw.headers["x-sparkgate-predicted-ttft-ms"]) < 1000
     done = raw.parse()
-    assert done.model == "qwen3.8-27b" and done.usage is not None and done.usage.completion_tokens == 32
+    assert done.model == "qwen3.6-35b-a3b" and done.usage is not None and done.usage.completion_tokens == 32
+    # `best` asks for quality: the 27B, which meets the objective on an idle box.
+    raw = client(sim).chat.completions.with_raw_response.create(
+        model="best",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=32,
+    )
+    assert raw.headers["x-sparkgate-model"] == "qwen3.8-27b"
+    assert raw.headers["x-sparkgate-route"] == "best: meets interactive"
+    assert raw.parse().model == "qwen3.8-27b"
 
 
 def test_fast_streams_from_the_fastest_model(sim: Server) -> None:
