@@ -55,12 +55,15 @@ def routing_stats(server: Server) -> dict[str, Any]:
 
 
 def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(sim: Server) -> None:
+    def ask(model: str) -> Any:
+        return client(sim).chat.completions.with_raw_response.create(
+            model=model,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=32,
+        )
+
     # The interactive class prefers the model done soonest (config: `prefer: fast`).
-    raw = client(sim).chat.completions.with_raw_response.create(
-        model="auto",
-        messages=MESSAGES,  # type: ignore[arg-type]
-        max_tokens=32,
-    )
+    raw = ask("auto")
     assert raw.headers["x-sparkgate-model"] == "qwen3.6-35b-a3b"
     assert raw.headers["x-sparkgate-route"] == "fast: meets interactive"
     # Predicted in the box's seconds: a short prompt's first token well under a second.
@@ -68,11 +71,7 @@ def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(
     done = raw.parse()
     assert done.model == "qwen3.6-35b-a3b" and done.usage is not None and done.usage.completion_tokens == 32
     # `best` asks for quality: the 27B, which meets the objective on an idle box.
-    raw = client(sim).chat.completions.with_raw_response.create(
-        model="best",
-        messages=MESSAGES,  # type: ignore[arg-type]
-        max_tokens=32,
-    )
+    raw = ask("best")
     assert raw.headers["x-sparkgate-model"] == "qwen3.8-27b"
     assert raw.headers["x-sparkgate-route"] == "best: meets interactive"
     assert raw.parse().model == "qwen3.8-27b"
