@@ -796,6 +796,11 @@ def report(a: argparse.Namespace) -> int:
                     "    per seed, measured / predicted: "
                     + ", ".join(f"{seed}: {m['attainment']:.1%} / {p['attainment']:.1%}" for seed, m, p in per_seed)
                 )
+            if strategy != "router":  # the same model serves each request on both sides
+                line = decode_ratios(
+                    [list(zip(r["requests"], p, strict=True)) for r, p in zip(runs, predicted, strict=True)]
+                )
+                print(f"    decode measured / predicted (median TPOT ratio): {line}")
             for side, s in (("measured", measured), ("predicted", pred)):
                 print(
                     f"    {side:<10} rejected {s['rejected']} unfinished {s['unfinished']} errors {s['errors']}"
@@ -809,6 +814,25 @@ def report(a: argparse.Namespace) -> int:
                     print("    " + line)
         print()
     return 0
+
+
+def decode_ratios(runs: Sequence[Sequence[tuple[dict[str, Any], dict[str, Any]]]]) -> str:
+    """Per model, the median of measured / predicted TPOT over requests that both sides served
+    on it (each run's (measured, predicted) pairs), apart by whether the measured decode
+    overlapped a request on another model (a busy box-mate): what tells a slower host (both
+    ratios up) from a mis-modelled box-mate wait (one of them)."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for pairs in runs:
+        done = [(m, p) for m, p in pairs if m.get("tpot_s") and p.get("tpot_s") and m["model"] == p["model"]]
+        for m, p in done:
+            start, end = m["t"] + m["ttft_s"], m["end_s"]
+            beside = any(o["model"] != m["model"] and o["t"] < end and o["end_s"] > start for o, _ in done)
+            by = groups.setdefault(m["model"], {"alone": [], "beside a mate": []})
+            by["beside a mate" if beside else "alone"].append(m["tpot_s"] / p["tpot_s"])
+    return "; ".join(
+        f"{model}: " + ", ".join(f"{k} x{statistics.median(v):.2f} (n={len(v)})" for k, v in by.items() if v)
+        for model, by in sorted(groups.items())
+    )
 
 
 def learned_report(series: list[dict[str, Any]], tolerance: float = 0.1) -> list[str]:

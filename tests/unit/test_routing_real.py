@@ -30,3 +30,6 @@ def test_the_box_model_predicts_the_h200_routing_runs_within_three_points() -> N
     for strategy, (_, measured, predicted) in rows.items():
         assert abs(measured - predicted) <= 3.0, (strategy, measured, predicted)
     assert r.stdout.count("per seed, measured / predicted:") == 2
+    # Only the 35B-A3B alone sends each request to the same model on both sides: its decode ratio.
+    assert r.stdout.count("decode measured / predicted") == 1
+    assert "qwen3.6-35b-a3b: alone x1.07 (n=155)" in r.stdout
