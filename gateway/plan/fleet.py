@@ -50,6 +50,13 @@ class Deployed:
     # model's attention blocks to its linear-attention state page (2,096 / 1,568 tokens for the
     # Qwen3.6 shapes with FP8 KV), and the prefix cache then reuses whole blocks only.
     block_size: int | None = None
+    # This machine's step time against the box model's (a calibration probe's ratio): hosts of
+    # one GPU model differ, and a synchronous scheduler's step waits for its host.
+    step_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.step_scale <= 0:
+            raise ValueError(f"{self.name}: step_scale must be > 0")
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -291,14 +298,14 @@ class Fleet:
         prediction of the same)."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
-        lane.step_s = own = res.duration
+        lane.step_s = own = res.duration * lane.deployed.step_scale
         slice_s = self.placement.box.gpu_timeslice_s
         ratio = sum(
             turn_ratio(m.step_s, own, slice_s)
             for m in self.lanes.values()
             if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
         )
-        if ratio:
+        if ratio or own != res.duration:
             res = dataclasses.replace(res, end=res.start + own * (1 + ratio))
             lane.sim.now = res.end
         lane.pending = res

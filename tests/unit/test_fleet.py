@@ -95,6 +95,25 @@ def test_a_document_arriving_on_a_busy_chat_engine_is_held_back() -> None:
     assert MODELS["Qwen3.8-27B"].kv_budget_gib == 65.0
 
 
+def test_a_step_scale_stretches_every_step_of_its_model() -> None:
+    """A machine whose host runs the engine's steps 1.3x slower (a calibration probe's ratio)
+    takes 1.3x as long for each: the first token and every one after it."""
+    chat = Arrival("chat", 0.0, CHAT, tuple(range(1_000, 2_500)))
+
+    def one(scale: float) -> tuple[float, float]:
+        d = Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE, step_scale=scale)
+        fleet = Fleet(Placement("one", (d,)), ROUTING, "dense")
+        fleet.run([chat])
+        o = fleet.outcomes["chat"]
+        assert o.first is not None and o.last is not None and o.tokens == CHAT.output_tokens
+        return o.first, o.last - o.first
+
+    (ttft, decode), (slow_ttft, slow_decode) = one(1.0), one(1.3)
+    assert slow_ttft == pytest.approx(1.3 * ttft) and slow_decode == pytest.approx(1.3 * decode)
+    with pytest.raises(ValueError, match="step_scale"):
+        Deployed("dense", "Qwen3.8-27B", "box", 65.0, step_scale=0.0)
+
+
 def _route(ttft_s: float, tpot_s: float | None = 0.06, hold_s: float = 0.0) -> RouteInfo:
     return RouteInfo("dense", "document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s)
 
