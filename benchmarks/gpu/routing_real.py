@@ -36,6 +36,11 @@ gateway's own code on a virtual clock.
     .venv/bin/python benchmarks/gpu/routing_real.py plan --rates 0.5 0.6 0.7 0.9   # the box model's sweep
     .venv/bin/python benchmarks/gpu/routing_real.py report benchmarks/gpu/routing_real_result/*.json
 
+Before the runs, `run` probes each model alone (`PROBE`: 2,000-token chats, one and three at
+once): the lent H200s' hosts differ, and with the synchronous scheduler a step waits for its host.
+`report` prints the box model's prediction as it is and fitted to the probe (each model's steps
+scaled by the probe's median measured / predicted TPOT, `calibration`).
+
 `run` writes OUT/routing_real_SHAPE_WEIGHTS_RATE.json after every strategy (a run cut short keeps
 what it measured): every request's kind, times and outcome, and for router runs the router's
 learned latency factors polled every 2 s. `report` prints measured vs predicted attainment per
@@ -57,6 +62,7 @@ import dataclasses
 import itertools
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -141,6 +147,15 @@ CPU_WORKLOAD = tuple(
 
 
 WORKLOADS = {"gpu": DEFAULT_WORKLOAD, "cpu-tiny": CPU_WORKLOAD}
+# The calibration probe: chats of one size, alone and three at once, to each model in turn before
+# the runs. Its decode against the box model's is the machine's step scale: the lent H200s'
+# hosts differ (the 35B-A3B decoded 1.07-1.11x the model's time alone on two machines, 1.30x on
+# a third), and a synchronous scheduler's step waits for its host.
+PROBE = {
+    "gpu": RequestKind("probe", 1.0, (2_000, 2_000), 300, "interactive"),
+    "cpu-tiny": RequestKind("probe", 1.0, (40, 40), 15, "interactive"),
+}
+PROBE_CONCURRENCY = (1, 3)
 
 
 def serving(weights: str) -> Any:
@@ -193,7 +208,9 @@ def profile(s: Served, weights: str) -> LatencyProfile:
     )
 
 
-def placement(profiles: dict[str, LatencyProfile], weights: str) -> Placement:
+def placement(
+    profiles: dict[str, LatencyProfile], weights: str, step_scale: dict[str, float] | None = None
+) -> Placement:
     from engine_adapter.spark import H200
 
     return Placement(
@@ -209,6 +226,7 @@ def placement(profiles: dict[str, LatencyProfile], weights: str) -> Placement:
                 max_num_batched_tokens=STEP_TOKENS,
                 long_prefill_token_threshold=s.block,
                 block_size=s.block,
+                step_scale=(step_scale or {}).get(s.name, 1.0),
             )
             for s in MODELS
         ),
@@ -231,9 +249,10 @@ def predict(
     weights: str,
     classes: dict[str, Any],
     workload: Sequence[RequestKind] = DEFAULT_WORKLOAD,
+    step_scale: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
-    fleet = Fleet(placement(profiles, weights), RoutingSettings(**classes), strategy.removesuffix(" alone"))
+    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), strategy.removesuffix(" alone"))
     load = arrivals(workload, rate, window, seed)
     fleet.run(load)
     out = []
@@ -247,6 +266,44 @@ def predict(
             rec["tpot_s"] = (o.last - o.first) / max(1, o.tokens - 1)
         out.append(rec)
     return out
+
+
+def probe_load(kind: RequestKind, concurrency: int) -> list[Arrival]:
+    """The probe's requests at one concurrency: all at once, prompts of their own."""
+    rng = random.Random(f"probe/{concurrency}")
+    return [
+        Arrival(
+            f"probe-{concurrency}-{i}",
+            0.0,
+            kind,
+            tuple(rng.randrange(1000, 150_000) for _ in range(kind.prompt_tokens[0])),
+        )
+        for i in range(concurrency)
+    ]
+
+
+def calibration(
+    probe: dict[str, list[dict[str, Any]]],
+    profiles: dict[str, LatencyProfile],
+    weights: str,
+    classes: dict[str, Any],
+    kind: RequestKind,
+) -> dict[str, float]:
+    """Per model, the median of the probe's measured / the box model's TPOT: the step scale that
+    fits the box model to this machine."""
+    scale = {}
+    for name, probes in probe.items():
+        ratios = []
+        for p in probes:
+            load = probe_load(kind, p["concurrency"])
+            fleet = Fleet(placement(profiles, weights), RoutingSettings(**classes), name)
+            fleet.run(load)
+            for a, m in zip(load, p["requests"], strict=True):
+                o = fleet.outcomes[a.id]
+                if m.get("tpot_s") and o.first is not None and o.last is not None and o.tokens > 1:
+                    ratios.append(m["tpot_s"] / ((o.last - o.first) / (o.tokens - 1)))
+        scale[name] = round(statistics.median(ratios), 3) if ratios else 1.0
+    return scale
 
 
 # --------------------------------------------------------------------------- judging (both sides)
@@ -521,6 +578,23 @@ async def idle(port: int, timeout_s: float = 120.0) -> None:
         await asyncio.sleep(0.5)
 
 
+async def probe(port: int, names: Sequence[str], kind: RequestKind, words: Words) -> dict[str, list[dict[str, Any]]]:
+    """The calibration probe on the real engines, routing off: each model alone in turn."""
+    import openai
+
+    await idle(port)
+    await post(port, "/bench/router", {"router": "off"})
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        for concurrency in PROBE_CONCURRENCY:
+            t0 = time.perf_counter()
+            recs = await asyncio.gather(*(one(client, name, a, words, t0) for a in probe_load(kind, concurrency)))
+            out.setdefault(name, []).append({"concurrency": concurrency, "requests": list(recs)})
+    await client.close()
+    return out
+
+
 async def drive(
     port: int, strategy: str, load: list[Arrival], window: float, grace: float, words: Words
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
@@ -623,6 +697,12 @@ def run(a: argparse.Namespace) -> int:
             / "tokenizer.json"
         )
         workload = WORKLOADS[a.shape]
+        if "probe" not in doc:  # once per run's document: the machine its runs ran on
+            doc["probe"] = asyncio.run(probe(port, [s.name for s in served], PROBE[a.shape], words))
+            dest.write_text(json.dumps(doc, indent=1))
+            (work / dest.name).write_text(dest.read_text())
+            scale = calibration(doc["probe"], profiles, a.weights, doc["routing"], PROBE[a.shape])
+            print(f"probe: this machine's decode against the box model's {scale}", flush=True)
         done = {(r["strategy"], r["seed"]) for r in doc["runs"]}
         order = a.only or strategies()
         for seed in a.seeds:
@@ -754,6 +834,10 @@ def report(a: argparse.Namespace) -> int:
             f"{path}: {doc['weights']} weights, {rate} req/s, {window:g} s of arrivals + {grace:g} s grace,"
             f" seeds {seeds}"
         )
+        scale = None
+        if "probe" in doc:
+            scale = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
+            print(f"probe: this machine's decode against the box model's {scale}")
         header = (
             f"{'strategy':<24}{'offered':>8}{'measured':>10}{'predicted':>10}{'diff':>7}  per kind measured | predicted"
         )
@@ -795,6 +879,27 @@ def report(a: argparse.Namespace) -> int:
                 print(
                     "    per seed, measured / predicted: "
                     + ", ".join(f"{seed}: {m['attainment']:.1%} / {p['attainment']:.1%}" for seed, m, p in per_seed)
+                )
+            if scale is not None:
+                fitted = [
+                    predict(
+                        strategy,
+                        rate,
+                        window,
+                        grace,
+                        r["seed"],
+                        profiles,
+                        doc["weights"],
+                        doc["routing"],
+                        WORKLOADS[doc["shape"]],
+                        scale,
+                    )
+                    for r in runs
+                ]
+                cal = summary([q for p in fitted for q in p], window + grace, doc["routing"])
+                print(
+                    f"    fitted to the probe: predicted {cal['attainment']:.1%}"
+                    f" ({100 * (measured['attainment'] - cal['attainment']):+.1f}p) {cal['by_kind']}"
                 )
             if strategy != "router":  # the same model serves each request on both sides
                 line = decode_ratios(

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 RESULT = ROOT / "benchmarks/gpu/routing_real_result/routing_real_gpu_bf16_0.9.json"
@@ -33,3 +35,46 @@ def test_the_box_model_predicts_the_h200_routing_runs_within_three_points() -> N
     # Only the 35B-A3B alone sends each request to the same model on both sides: its decode ratio.
     assert r.stdout.count("decode measured / predicted") == 1
     assert "qwen3.6-35b-a3b: alone x1.07 (n=155)" in r.stdout
+
+
+def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
+    """`calibration` gives the step scale that makes the box model decode as the probe did: a
+    probe 1.3x slower than the box model reads 1.3, and the fitted box model then predicts it."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu.routing_real import (
+        MODELS,
+        PROBE,
+        PROBE_CONCURRENCY,
+        WEIGHTS,
+        calibration,
+        placement,
+        probe_load,
+        profile,
+        routing,
+    )
+    from gateway.plan.fleet import Fleet
+    from gateway.settings import RoutingSettings
+
+    kind, classes = PROBE["gpu"], routing(150.0)
+    profiles = {s.name: profile(s, WEIGHTS) for s in MODELS}
+    slower = {MODELS[0].name: 1.3, MODELS[1].name: 1.0}
+
+    def probe_as(scale: dict[str, float]) -> dict[str, list[dict[str, object]]]:
+        out: dict[str, list[dict[str, object]]] = {}
+        for name in slower:
+            for concurrency in PROBE_CONCURRENCY:
+                load = probe_load(kind, concurrency)
+                fleet = Fleet(placement(profiles, WEIGHTS, scale), RoutingSettings(**classes), name)
+                fleet.run(load)
+                recs = []
+                for a in load:
+                    o = fleet.outcomes[a.id]
+                    assert o.first is not None and o.last is not None
+                    recs.append({"tpot_s": (o.last - o.first) / (o.tokens - 1)})
+                out.setdefault(name, []).append({"concurrency": concurrency, "requests": recs})
+        return out
+
+    assert calibration(probe_as(slower), profiles, WEIGHTS, classes, kind) == pytest.approx(slower, abs=0.002)
+    assert calibration(probe_as({}), profiles, WEIGHTS, classes, kind) == pytest.approx(
+        dict.fromkeys(slower, 1.0), abs=0.002
+    )
