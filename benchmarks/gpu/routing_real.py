@@ -306,6 +306,28 @@ def calibration(
     return scale
 
 
+def beside(
+    together: list[dict[str, Any]],
+    profiles: dict[str, LatencyProfile],
+    weights: str,
+    classes: dict[str, Any],
+    kind: RequestKind,
+    step_scale: dict[str, float],
+) -> dict[str, float]:
+    """Per model, the median measured / predicted TPOT of the probe's requests sent to all
+    models at once, the box model fitted to the machine (`step_scale`): how far its box-mate
+    wait is off there (1.0: right)."""
+    load = probe_load(kind, len(together))
+    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), "round-robin")
+    fleet.run(load)
+    ratios: dict[str, list[float]] = {}
+    for a, m in zip(load, together, strict=True):
+        o = fleet.outcomes[a.id]
+        if m.get("tpot_s") and o.model == m["model"] and o.first is not None and o.last is not None and o.tokens > 1:
+            ratios.setdefault(m["model"], []).append(m["tpot_s"] / ((o.last - o.first) / (o.tokens - 1)))
+    return {k: round(statistics.median(v), 3) for k, v in sorted(ratios.items())}
+
+
 # --------------------------------------------------------------------------- judging (both sides)
 
 
@@ -578,8 +600,12 @@ async def idle(port: int, timeout_s: float = 120.0) -> None:
         await asyncio.sleep(0.5)
 
 
-async def probe(port: int, names: Sequence[str], kind: RequestKind, words: Words) -> dict[str, list[dict[str, Any]]]:
-    """The calibration probe on the real engines, routing off: each model alone in turn."""
+async def probe(
+    port: int, names: Sequence[str], kind: RequestKind, words: Words
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The calibration probe on the real engines, routing off: each model alone in turn, then
+    all of them at once (`PROBE_CONCURRENCY[-1]` each, the models in turn as round-robin sends
+    them): what a busy box-mate costs on this machine."""
     import openai
 
     await idle(port)
@@ -591,8 +617,11 @@ async def probe(port: int, names: Sequence[str], kind: RequestKind, words: Words
             t0 = time.perf_counter()
             recs = await asyncio.gather(*(one(client, name, a, words, t0) for a in probe_load(kind, concurrency)))
             out.setdefault(name, []).append({"concurrency": concurrency, "requests": list(recs)})
+    t0 = time.perf_counter()
+    load = probe_load(kind, len(names) * PROBE_CONCURRENCY[-1])
+    together = await asyncio.gather(*(one(client, names[i % len(names)], a, words, t0) for i, a in enumerate(load)))
     await client.close()
-    return out
+    return out, list(together)
 
 
 async def drive(
@@ -698,11 +727,15 @@ def run(a: argparse.Namespace) -> int:
         )
         workload = WORKLOADS[a.shape]
         if "probe" not in doc:  # once per run's document: the machine its runs ran on
-            doc["probe"] = asyncio.run(probe(port, [s.name for s in served], PROBE[a.shape], words))
+            doc["probe"], doc["probe_together"] = asyncio.run(
+                probe(port, [s.name for s in served], PROBE[a.shape], words)
+            )
             dest.write_text(json.dumps(doc, indent=1))
             (work / dest.name).write_text(dest.read_text())
             scale = calibration(doc["probe"], profiles, a.weights, doc["routing"], PROBE[a.shape])
             print(f"probe: this machine's decode against the box model's {scale}", flush=True)
+            mates = beside(doc["probe_together"], profiles, a.weights, doc["routing"], PROBE[a.shape], scale)
+            print(f"probe, all models at once: decode against the box model's (fitted) {mates}", flush=True)
         done = {(r["strategy"], r["seed"]) for r in doc["runs"]}
         order = a.only or strategies()
         for seed in a.seeds:
@@ -838,6 +871,11 @@ def report(a: argparse.Namespace) -> int:
         if "probe" in doc:
             scale = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
             print(f"probe: this machine's decode against the box model's {scale}")
+            if "probe_together" in doc:
+                mates = beside(
+                    doc["probe_together"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]], scale
+                )
+                print(f"probe, all models at once: decode against the box model's (fitted) {mates}")
         header = (
             f"{'strategy':<24}{'offered':>8}{'measured':>10}{'predicted':>10}{'diff':>7}  per kind measured | predicted"
         )

@@ -46,6 +46,7 @@ def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
         PROBE,
         PROBE_CONCURRENCY,
         WEIGHTS,
+        beside,
         calibration,
         placement,
         probe_load,
@@ -76,5 +77,18 @@ def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
 
     assert calibration(probe_as(slower), profiles, WEIGHTS, classes, kind) == pytest.approx(slower, abs=0.002)
     assert calibration(probe_as({}), profiles, WEIGHTS, classes, kind) == pytest.approx(
+        dict.fromkeys(slower, 1.0), abs=0.002
+    )
+
+    # All models at once, the models in turn: what the fitted box model predicts reads 1.0.
+    load = probe_load(kind, 2 * PROBE_CONCURRENCY[-1])
+    fleet = Fleet(placement(profiles, WEIGHTS, slower), RoutingSettings(**classes), "round-robin")
+    fleet.run(load)
+    together = []
+    for i, a in enumerate(load):
+        o = fleet.outcomes[a.id]
+        assert o.model == MODELS[i % 2].name and o.first is not None and o.last is not None
+        together.append({"model": o.model, "tpot_s": (o.last - o.first) / (o.tokens - 1)})
+    assert beside(together, profiles, WEIGHTS, classes, kind, slower) == pytest.approx(
         dict.fromkeys(slower, 1.0), abs=0.002
     )
