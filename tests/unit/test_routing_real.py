@@ -92,3 +92,36 @@ def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
     assert beside(together, profiles, WEIGHTS, classes, kind, slower) == pytest.approx(
         dict.fromkeys(slower, 1.0), abs=0.002
     )
+
+
+def test_the_fitted_rate_is_where_each_model_alone_falls_under_the_mark() -> None:
+    """`run --rate fit`: on the 0.7 req/s run's slower host (the 35B-A3B's steps x1.27, the 27B's
+    x1.04) every model alone falls under 78% from 0.55 req/s on (six seeds), not before."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu.routing_real import (
+        FIT_BELOW,
+        FIT_SEEDS,
+        MODELS,
+        WEIGHTS,
+        fitted_rate,
+        predict,
+        profile,
+        routing,
+        summary,
+    )
+
+    profiles = {s.name: profile(s, WEIGHTS) for s in MODELS}
+    classes, slower = routing(150.0), {MODELS[0].name: 1.27, MODELS[1].name: 1.04}
+    assert fitted_rate(profiles, WEIGHTS, classes, slower, 60.0, 150.0) == 0.55
+
+    def alone(rate: float) -> float:
+        recs = [
+            q
+            for seed in FIT_SEEDS
+            for q in predict(
+                f"{MODELS[0].name} alone", rate, 60.0, 150.0, seed, profiles, WEIGHTS, classes, step_scale=slower
+            )
+        ]
+        return float(summary(recs, 210.0, classes)["attainment"])
+
+    assert alone(0.5) >= FIT_BELOW > alone(0.55)
