@@ -941,20 +941,7 @@ def report(a: argparse.Namespace) -> int:
             runs = [r for r in doc["runs"] if r["strategy"] == strategy]
             if not runs:
                 continue
-            predicted = [
-                predict(
-                    strategy,
-                    rate,
-                    window,
-                    grace,
-                    r["seed"],
-                    profiles,
-                    doc["weights"],
-                    doc["routing"],
-                    WORKLOADS[doc["shape"]],
-                )
-                for r in runs
-            ]
+            predicted = replay(doc, strategy, runs)
             measured = summary([q for r in runs for q in r["requests"]], window + grace, doc["routing"])
             pred = summary([q for p in predicted for q in p], window + grace, doc["routing"])
             diff = 100 * (measured["attainment"] - pred["attainment"])
@@ -976,21 +963,7 @@ def report(a: argparse.Namespace) -> int:
                     + ", ".join(f"{seed}: {m['attainment']:.1%} / {p['attainment']:.1%}" for seed, m, p in per_seed)
                 )
             if scale is not None:
-                fitted = [
-                    predict(
-                        strategy,
-                        rate,
-                        window,
-                        grace,
-                        r["seed"],
-                        profiles,
-                        doc["weights"],
-                        doc["routing"],
-                        WORKLOADS[doc["shape"]],
-                        scale,
-                    )
-                    for r in runs
-                ]
+                fitted = replay(doc, strategy, runs, scale)
                 cal = summary([q for p in fitted for q in p], window + grace, doc["routing"])
                 print(
                     f"    fitted to the probe: predicted {cal['attainment']:.1%}"
@@ -1014,6 +987,28 @@ def report(a: argparse.Namespace) -> int:
                     print("    " + line)
         print()
     return 0
+
+
+def replay(
+    doc: dict[str, Any], strategy: str, runs: Sequence[dict[str, Any]], step_scale: dict[str, float] | None = None
+) -> list[list[dict[str, Any]]]:
+    """The box model's prediction of each of `runs` (of `strategy`, in the run document `doc`)."""
+    profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
+    return [
+        predict(
+            strategy,
+            doc["rate"],
+            doc["window_s"],
+            doc["grace_s"],
+            r["seed"],
+            profiles,
+            doc["weights"],
+            doc["routing"],
+            WORKLOADS[doc["shape"]],
+            step_scale,
+        )
+        for r in runs
+    ]
 
 
 def decode_ratios(runs: Sequence[Sequence[tuple[dict[str, Any], dict[str, Any]]]]) -> str:
