@@ -254,8 +254,21 @@ def predict(
     step_scale: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
-    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), strategy.removesuffix(" alone"))
     load = arrivals(workload, rate, window, seed)
+    return box_run(strategy, load, profiles, weights, classes, step_scale)
+
+
+def box_run(
+    strategy: str,
+    load: Sequence[Arrival],
+    profiles: dict[str, LatencyProfile],
+    weights: str,
+    classes: dict[str, Any],
+    step_scale: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """The box model's run of `strategy` on `load`: each request's outcome, recorded as `one`
+    records a real one."""
+    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), strategy.removesuffix(" alone"))
     fleet.run(load)
     out = []
     for a in load:
@@ -295,15 +308,16 @@ def calibration(
     fits the box model to this machine."""
     scale = {}
     for name, probes in probe.items():
-        ratios = []
-        for p in probes:
-            load = probe_load(kind, p["concurrency"])
-            fleet = Fleet(placement(profiles, weights), RoutingSettings(**classes), name)
-            fleet.run(load)
-            for a, m in zip(load, p["requests"], strict=True):
-                o = fleet.outcomes[a.id]
-                if m.get("tpot_s") and o.first is not None and o.last is not None and o.tokens > 1:
-                    ratios.append(m["tpot_s"] / ((o.last - o.first) / (o.tokens - 1)))
+        ratios = [
+            m["tpot_s"] / b["tpot_s"]
+            for p in probes
+            for m, b in zip(
+                p["requests"],
+                box_run(name, probe_load(kind, p["concurrency"]), profiles, weights, classes),
+                strict=True,
+            )
+            if m.get("tpot_s") and b.get("tpot_s")
+        ]
         scale[name] = round(statistics.median(ratios), 3) if ratios else 1.0
     return scale
 
@@ -319,14 +333,11 @@ def beside(
     """Per model, the median measured / predicted TPOT of the probe's requests sent to all
     models at once, the box model fitted to the machine (`step_scale`): how far its box-mate
     wait is off there (1.0: right)."""
-    load = probe_load(kind, len(together))
-    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), "round-robin")
-    fleet.run(load)
+    predicted = box_run("round-robin", probe_load(kind, len(together)), profiles, weights, classes, step_scale)
     ratios: dict[str, list[float]] = {}
-    for a, m in zip(load, together, strict=True):
-        o = fleet.outcomes[a.id]
-        if m.get("tpot_s") and o.model == m["model"] and o.first is not None and o.last is not None and o.tokens > 1:
-            ratios.setdefault(m["model"], []).append(m["tpot_s"] / ((o.last - o.first) / (o.tokens - 1)))
+    for m, b in zip(together, predicted, strict=True):
+        if m.get("tpot_s") and b.get("tpot_s") and b["model"] == m["model"]:
+            ratios.setdefault(m["model"], []).append(m["tpot_s"] / b["tpot_s"])
     return {k: round(statistics.median(v), 3) for k, v in sorted(ratios.items())}
 
 

@@ -47,32 +47,26 @@ def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
         PROBE_CONCURRENCY,
         WEIGHTS,
         beside,
+        box_run,
         calibration,
-        placement,
         probe_load,
         profile,
         routing,
     )
-    from gateway.plan.fleet import Fleet
-    from gateway.settings import RoutingSettings
 
     kind, classes = PROBE["gpu"], routing(150.0)
     profiles = {s.name: profile(s, WEIGHTS) for s in MODELS}
     slower = {MODELS[0].name: 1.3, MODELS[1].name: 1.0}
 
     def probe_as(scale: dict[str, float]) -> dict[str, list[dict[str, object]]]:
-        out: dict[str, list[dict[str, object]]] = {}
-        for name in slower:
-            for concurrency in PROBE_CONCURRENCY:
-                load = probe_load(kind, concurrency)
-                fleet = Fleet(placement(profiles, WEIGHTS, scale), RoutingSettings(**classes), name)
-                fleet.run(load)
-                recs = []
-                for a in load:
-                    o = fleet.outcomes[a.id]
-                    assert o.first is not None and o.last is not None
-                    recs.append({"tpot_s": (o.last - o.first) / (o.tokens - 1)})
-                out.setdefault(name, []).append({"concurrency": concurrency, "requests": recs})
+        out = {
+            name: [
+                {"concurrency": c, "requests": box_run(name, probe_load(kind, c), profiles, WEIGHTS, classes, scale)}
+                for c in PROBE_CONCURRENCY
+            ]
+            for name in slower
+        }
+        assert all(r["tokens"] == kind.output_tokens for p in out.values() for q in p for r in q["requests"])
         return out
 
     assert calibration(probe_as(slower), profiles, WEIGHTS, classes, kind) == pytest.approx(slower, abs=0.002)
@@ -82,13 +76,9 @@ def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
 
     # All models at once, the models in turn: what the fitted box model predicts reads 1.0.
     load = probe_load(kind, 2 * PROBE_CONCURRENCY[-1])
-    fleet = Fleet(placement(profiles, WEIGHTS, slower), RoutingSettings(**classes), "round-robin")
-    fleet.run(load)
-    together = []
-    for i, a in enumerate(load):
-        o = fleet.outcomes[a.id]
-        assert o.model == MODELS[i % 2].name and o.first is not None and o.last is not None
-        together.append({"model": o.model, "tpot_s": (o.last - o.first) / (o.tokens - 1)})
+    together = box_run("round-robin", load, profiles, WEIGHTS, classes, slower)
+    assert [r["model"] for r in together] == [MODELS[i % 2].name for i in range(len(load))]
+    assert all(r["tokens"] == kind.output_tokens for r in together)
     assert beside(together, profiles, WEIGHTS, classes, kind, slower) == pytest.approx(
         dict.fromkeys(slower, 1.0), abs=0.002
     )
