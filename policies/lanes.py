@@ -160,6 +160,18 @@ class Flight:
             self.not_before = self.lane.clock() + wait
         return wait
 
+    @contextlib.contextmanager
+    def in_line(self) -> Iterator[None]:
+        """It waits for its turn to be re-checked behind a held request of its class (the
+        gateway re-checks one at a time per engine, gateway/lifecycle/run.py): still held,
+        its own hold's end passed or not, so newcomers are not predicted to queue behind it
+        (`Lane.ahead`), as in the box model, which re-checks each at its hold's end."""
+        due, self.not_before = self.not_before, math.inf
+        try:
+            yield
+        finally:
+            self.not_before = due
+
     def remaining_s(self, tpot_s: float) -> float:
         """Predicted seconds until it frees its slot (it runs to its expected length)."""
         return max(0, self.output_tokens - self.generated) * tpot_s

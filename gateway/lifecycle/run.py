@@ -131,15 +131,16 @@ async def _route_hold(job: Job, flight: Flight, router: Router, *, checked: bool
         if not flight.hold_again():
             return
     line = router.hold_line(job.served.name, "" if job.route is None else job.route.slo)
-    while True:
-        try:
-            await asyncio.wait_for(line.acquire(), timeout=0.25)
-            break
-        except TimeoutError:
-            # Waiting on for its turn would miss its first token's objective: it goes now
-            # (as the check would say; a cheap look at the clock, not the check itself).
-            if flight.ttft_due is not None and engine.clock() >= flight.ttft_due:
-                return
+    with flight.in_line():  # held until its turn, its hold's end passed or not
+        while True:
+            try:
+                await asyncio.wait_for(line.acquire(), timeout=0.25)
+                break
+            except TimeoutError:
+                # Waiting on for its turn would miss its first token's objective: it goes now
+                # (as the check would say; a cheap look at the clock, not the check itself).
+                if flight.ttft_due is not None and engine.clock() >= flight.ttft_due:
+                    return
     try:
         while True:
             await until_due()

@@ -288,6 +288,22 @@ def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
     assert first.prefilling and a.until_first_token(first, 0.0) == pytest.approx(a.prefill_s(5_000))
 
 
+def test_a_held_request_waiting_its_turn_to_be_rechecked_is_still_held() -> None:
+    """The gateway re-checks one held request of a class per engine at a time; the others wait
+    their turn past their own hold's end. A newcomer is not predicted to prefill behind them
+    (issue 21: chats predicted 1.5 s behind summaries in line took 0.12 s)."""
+    clock = Clock()
+    model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
+    a = model.lanes["a"]
+    summary = model.fly("a", range(16_000), 1000, None, info("a", "batch", ttft_s=None, hold_s=1.0))
+    clock.now = 2.0  # its hold is over
+    with summary.in_line():
+        assert a.ahead() == []
+        waiting = a.predict_tokens(1_000, 0, 300).ttft_s
+    assert summary.not_before == 1.0 and a.ahead() == [summary]
+    assert waiting < a.prefill_s(16_000) < a.predict_tokens(1_000, 0, 300).ttft_s
+
+
 def test_a_newcomer_waits_behind_its_own_queue_not_a_flood_s() -> None:
     """The admission queue takes users in turn: a light user's request is predicted to start
     at the next free slot, not after every request a flood has queued."""

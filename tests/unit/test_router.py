@@ -3,7 +3,9 @@ candidates, and the HTTP errors for a request no model can take."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from engine_adapter.base import Engine, KVGroup, KVSpec
 from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
+from gateway.lifecycle.job import Job
+from gateway.lifecycle.run import _route_hold
 from gateway.registry import ServedModel
 from gateway.router import Router
 from gateway.settings import KeyLimits, LatencyProfile, ModelSettings, RoutingSettings, SloClass
@@ -137,3 +141,22 @@ def test_a_hybrid_engine_with_prefix_caching_splits_prefills_on_block_boundaries
     for spec, aligned in ((hybrid, True), (dataclasses.replace(hybrid, prefix_caching=False), False)):
         router = Router(ROUTING, [served("h", 10, StubEngine(spec))])
         assert router.model.lanes["h"].spec.aligned_chunks is aligned
+
+
+async def test_requests_held_in_line_stay_held_until_their_turn(router: Router) -> None:
+    """Held requests of one class on one engine are re-checked in turn
+    (gateway/lifecycle/run.py): one waiting its turn is still held, its own hold over or not."""
+    info = router.route(query("big", ["big"], 1_000, "batch"))
+    assert isinstance(info, RouteInfo)
+    flight = router.fly("big", range(1_000), 100, None, dataclasses.replace(info, hold_s=1.0))
+    job = cast(Job, SimpleNamespace(served=router.served["big"], route=info))
+    line = router.hold_line("big", "batch")
+    await line.acquire()  # another request of its class is being re-checked
+    waiting = asyncio.ensure_future(_route_hold(job, flight, router, checked=True))
+    router.served["big"].engine.now = 5.0  # type: ignore[attr-defined]
+    await asyncio.sleep(0.3)  # past the line's 0.25 s poll: still waiting
+    lane = router.model.lanes["big"]
+    assert not waiting.done() and lane.ahead() == []
+    line.release()
+    await asyncio.wait_for(waiting, 5.0)  # its turn: nothing there to stall, so it goes
+    assert lane.ahead() == [flight]
