@@ -6,6 +6,7 @@ Environment variables override YAML: `SPARKGATE_SERVER__PORT=9000`,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import os
@@ -589,6 +590,10 @@ class BoxFileSettings(_Model):
     frontend_latency_s: float = Field(0.0, ge=0)
     sync_step_s: float = Field(0.0, ge=0)  # host work a synchronous scheduler waits for, per step
     sync_token_s: float = Field(0.0, ge=0)  # ... and per token in the step
+    # Engines sharing the box: a step's work between waits for a busy box-mate's, and the longest
+    # wait (None: the built-in boxes' 10 ms slice; the wait: the slice).
+    gpu_timeslice_s: float | None = Field(None, gt=0)
+    gpu_mate_wait_s: float | None = Field(None, gt=0)
     serving: ServingSettings = ServingSettings()
 
     @field_validator("memory", mode="before")
@@ -625,7 +630,10 @@ def load_box(ref: str | Path) -> tuple[BoxSpec, Serving]:
         frontend_latency_s=f.frontend_latency_s,
         sync_step_s=f.sync_step_s,
         sync_token_s=f.sync_token_s,
+        gpu_mate_wait_s=f.gpu_mate_wait_s,
     )
+    if f.gpu_timeslice_s is not None:
+        box = dataclasses.replace(box, gpu_timeslice_s=f.gpu_timeslice_s)
     return box, Serving(**f.serving.model_dump())
 
 

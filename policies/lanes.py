@@ -631,13 +631,14 @@ class Lane:
         return wait
 
 
-def turn_ratio(mate_step_s: float, step_s: float, slice_s: float) -> float:
+def turn_ratio(mate_step_s: float, step_s: float, slice_s: float, wait_s: float | None = None) -> float:
     """Seconds of a busy box-mate's work per second of an engine's, their steps being
     `mate_step_s` and `step_s` long, on a GPU switching after `slice_s`: each slice of work here
-    (a step, or a time slice of a longer one) waits for a slice of the mate's. Two long steps:
-    half speed each; a short step beside a long one: it waits a whole slice. The box model
-    (gateway/plan/fleet.py) stretches its steps by the same."""
-    return min(mate_step_s, slice_s) / max(min(step_s, slice_s), MIN_STEP_S)
+    (a step, or a time slice of a longer one) waits for a slice of the mate's, at most `wait_s`
+    (None: a slice). Two long steps: half speed each; a short step beside a long one: it waits a
+    whole slice. The box model (gateway/plan/fleet.py) stretches its steps by the same."""
+    wait = slice_s if wait_s is None else wait_s
+    return min(mate_step_s, wait) / max(min(step_s, slice_s), MIN_STEP_S)
 
 
 def _to_prefill(f: Flight) -> int:

@@ -12,9 +12,10 @@ Each model is a `BoxSim` (engine_adapter/spark/scheduler.py) placed on a box. Re
 Engines sharing a box take turns on its GPU: each engine is a process of its own, and a
 GPU runs one process's kernels at a time, switching after a time slice
 (`BoxSpec.gpu_timeslice_s`), so each slice of a step's work (the step, or a slice of a longer
-one) waits for a slice of a busy box-mate's. A short step beside a long one pays most: on the
-H200 a 35B-A3B decode step (4 ms) beside the 27B's (15 ms) took 14-17 ms, the 27B's 20-34 ms
-(issue 21), which halving each engine's bandwidth (the model before) put at 2x for both.
+one) waits for a slice of a busy box-mate's, at most `BoxSpec.mate_wait_s`. A short step beside
+a long one pays most: on the H200 with the synchronous scheduler a 35B-A3B decode step waits
+~6 ms for the 27B's (issue 21), which halving each engine's bandwidth (the model before) put at
+2x for both.
 """
 
 from __future__ import annotations
@@ -294,14 +295,15 @@ class Fleet:
     def _start_step(self, lane: _Lane) -> None:
         """Compute the lane's next step from now, stretched by the box-mates it takes turns with:
         for each whose step is under way, each slice of this step's work (the step, or a time
-        slice of a longer one) waits for a slice of the mate's (`turn_ratio`, the router's
-        prediction of the same)."""
+        slice of a longer one) waits for a slice of the mate's, at most the box's mate wait
+        (`turn_ratio`; the router predicts the same with a wait of a whole slice: its GPU runs
+        in issue 21 were made so, a little pessimistic for a short step beside a long one)."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
         lane.step_s = own = res.duration * lane.deployed.step_scale
-        slice_s = self.placement.box.gpu_timeslice_s
+        box = self.placement.box
         ratio = sum(
-            turn_ratio(m.step_s, own, slice_s)
+            turn_ratio(m.step_s, own, box.gpu_timeslice_s, box.mate_wait_s)
             for m in self.lanes.values()
             if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
         )

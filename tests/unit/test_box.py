@@ -119,6 +119,12 @@ def test_a_box_file_names_what_is_wrong(tmp_path: Path) -> None:
         load_box(path)
     with pytest.raises(ValueError, match="unknown box 'b300'"):
         load_box("b300")
+    path.write_text(yaml.safe_dump(raw | {"gpu_timeslice_s": 0.02}))
+    box, _ = load_box(path)
+    assert (box.gpu_timeslice_s, box.mate_wait_s) == (0.02, H200.mate_wait_s) == (0.02, 0.006)
+    assert dataclasses.replace(H200, gpu_mate_wait_s=None).mate_wait_s == H200.gpu_timeslice_s
+    with pytest.raises(ValueError, match="gpu_mate_wait_s"):
+        dataclasses.replace(H200, gpu_mate_wait_s=0.0)
 
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
