@@ -72,7 +72,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -165,9 +165,8 @@ def serving(weights: str) -> Any:
 
     # dummy weights: random routers spread every token over all the experts; the Spark
     # deployment's synchronous scheduler (gateway_settings), whose host time the box charges
-    return Serving(
-        weight_dtype=weights, kv_dtype="fp8", spec_decode=False, routing_locality=1.0, async_scheduling=False
-    )
+    dtype: Literal["bf16", "fp8"] = "fp8" if weights == "fp8" else "bf16"  # (`--weights`' choices)
+    return Serving(weight_dtype=dtype, kv_dtype="fp8", spec_decode=False, routing_locality=1.0, async_scheduling=False)
 
 
 # --------------------------------------------------------------------------- the box model
@@ -347,7 +346,7 @@ def beside(
 def complete(rec: dict[str, Any], cutoff: float) -> bool:
     """Whether a request's whole answer was in by `cutoff` (s from the start). A stream cut off
     after its first token has a TTFT but neither its tokens nor an end."""
-    return rec.get("tokens", 0) >= rec["output"] and rec["end_s"] <= cutoff
+    return bool(rec.get("tokens", 0) >= rec["output"] and rec["end_s"] <= cutoff)
 
 
 def met(rec: dict[str, Any], cutoff: float, slos: dict[str, Slo]) -> bool:
