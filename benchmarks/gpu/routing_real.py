@@ -37,7 +37,8 @@ gateway's own code on a virtual clock.
     .venv/bin/python benchmarks/gpu/routing_real.py report benchmarks/gpu/routing_real_result/*.json
 
 Before the runs, `run` probes each model alone (`PROBE`: 2,000-token chats, one and three at
-once): the lent H200s' hosts differ, and with the synchronous scheduler a step waits for its host.
+once), after an unrecorded pass that warms the fresh engines: the lent H200s' hosts differ, and
+with the synchronous scheduler a step waits for its host.
 `report` prints the box model's prediction as it is and fitted to the probe (each model's steps
 scaled by the probe's median measured / predicted TPOT, `calibration`). `--rate fit` runs at the
 load where every model alone meets under 78% in the fitted box model (`fitted_rate`): the issue's
@@ -282,9 +283,10 @@ def box_run(
     return out
 
 
-def probe_load(kind: RequestKind, concurrency: int) -> list[Arrival]:
-    """The probe's requests at one concurrency: all at once, prompts of their own."""
-    rng = random.Random(f"probe/{concurrency}")
+def probe_load(kind: RequestKind, concurrency: int, warm: bool = False) -> list[Arrival]:
+    """The probe's requests at one concurrency: all at once, prompts of their own (`warm`: the
+    unrecorded first pass's, so that the recorded one finds none of its prompts cached)."""
+    rng = random.Random(f"probe/{'warm/' * warm}{concurrency}")
     return [
         Arrival(
             f"probe-{concurrency}-{i}",
@@ -617,21 +619,26 @@ async def probe(
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """The calibration probe on the real engines, routing off: each model alone in turn, then
     all of them at once (`PROBE_CONCURRENCY[-1]` each, the models in turn as round-robin sends
-    them): what a busy box-mate costs on this machine."""
+    them): what a busy box-mate costs on this machine. Twice, the first pass unrecorded: fresh
+    engines' first requests are slow (the fourth run's probe: a first token in 0.55 s and 1.55 s
+    against 0.12-0.2 s later), and a probe of them read the 35B-A3B's decode at 1.35x the box
+    model's where the runs read 1.10x."""
     import openai
 
     await idle(port)
     await post(port, "/bench/router", {"router": "off"})
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-    out: dict[str, list[dict[str, Any]]] = {}
-    for name in names:
-        for concurrency in PROBE_CONCURRENCY:
-            t0 = time.perf_counter()
-            recs = await asyncio.gather(*(one(client, name, a, words, t0) for a in probe_load(kind, concurrency)))
-            out.setdefault(name, []).append({"concurrency": concurrency, "requests": list(recs)})
-    t0 = time.perf_counter()
-    load = probe_load(kind, len(names) * PROBE_CONCURRENCY[-1])
-    together = await asyncio.gather(*(one(client, names[i % len(names)], a, words, t0) for i, a in enumerate(load)))
+    for warm in (True, False):
+        out: dict[str, list[dict[str, Any]]] = {}
+        for name in names:
+            for concurrency in PROBE_CONCURRENCY:
+                t0 = time.perf_counter()
+                load = probe_load(kind, concurrency, warm)
+                recs = await asyncio.gather(*(one(client, name, a, words, t0) for a in load))
+                out.setdefault(name, []).append({"concurrency": concurrency, "requests": list(recs)})
+        t0 = time.perf_counter()
+        load = probe_load(kind, len(names) * PROBE_CONCURRENCY[-1], warm)
+        together = await asyncio.gather(*(one(client, names[i % len(names)], a, words, t0) for i, a in enumerate(load)))
     await client.close()
     return out, list(together)
 
