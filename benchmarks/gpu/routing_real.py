@@ -258,6 +258,26 @@ def predict(
     return box_run(strategy, load, profiles, weights, classes, step_scale)
 
 
+def box_summary(
+    strategy: str,
+    rate: float,
+    seeds: Sequence[int],
+    window: float,
+    grace: float,
+    profiles: dict[str, LatencyProfile],
+    weights: str,
+    classes: dict[str, Any],
+    step_scale: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The box model's `summary` of `strategy` at `rate`, its runs on `seeds` pooled."""
+    recs = [
+        q
+        for seed in seeds
+        for q in predict(strategy, rate, window, grace, seed, profiles, weights, classes, step_scale=step_scale)
+    ]
+    return summary(recs, window + grace, classes)
+
+
 def box_run(
     strategy: str,
     load: Sequence[Arrival],
@@ -817,21 +837,11 @@ def fitted_rate(
     slower host (35B-A3B steps x1.27, 27B x1.04), 0.55, where it predicts the router 100% and the
     35B-A3B alone 74.7%."""
     for rate in RATE_GRID:
-        best = max(
-            summary(
-                [
-                    q
-                    for seed in FIT_SEEDS
-                    for q in predict(
-                        f"{s.name} alone", rate, window, grace, seed, profiles, weights, classes, step_scale=step_scale
-                    )
-                ],
-                window + grace,
-                classes,
-            )["attainment"]
+        alone = [
+            box_summary(f"{s.name} alone", rate, FIT_SEEDS, window, grace, profiles, weights, classes, step_scale)
             for s in MODELS
-        )
-        if best < FIT_BELOW:
+        ]
+        if max(x["attainment"] for x in alone) < FIT_BELOW:
             return rate
     return RATE_GRID[-1]
 
@@ -904,14 +914,7 @@ def plan(a: argparse.Namespace) -> int:
         print(f"steps scaled (fitted to a machine): {scale}")
     for rate in a.rates:
         for strategy in a.only or strategies():
-            recs = [
-                r
-                for seed in a.seeds
-                for r in predict(
-                    strategy, rate, a.window, a.grace, seed, profiles, a.weights, routing(a.grace), step_scale=scale
-                )
-            ]
-            s = summary(recs, a.window + a.grace, routing(a.grace))
+            s = box_summary(strategy, rate, a.seeds, a.window, a.grace, profiles, a.weights, routing(a.grace), scale)
             print(
                 f"{rate:>5g} {strategy:<24} {s['met']:>4}/{s['offered']:<4} {s['attainment']:6.1%}"
                 f" rejected {s['rejected']:>3}"

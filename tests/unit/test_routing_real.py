@@ -101,11 +101,10 @@ def test_the_fitted_rate_is_where_each_model_alone_falls_under_the_mark() -> Non
         FIT_SEEDS,
         MODELS,
         WEIGHTS,
+        box_summary,
         fitted_rate,
-        predict,
         profile,
         routing,
-        summary,
     )
 
     profiles = {s.name: profile(s, WEIGHTS) for s in MODELS}
@@ -113,13 +112,7 @@ def test_the_fitted_rate_is_where_each_model_alone_falls_under_the_mark() -> Non
     assert fitted_rate(profiles, WEIGHTS, classes, slower, 60.0, 150.0) == 0.55
 
     def alone(rate: float) -> float:
-        recs = [
-            q
-            for seed in FIT_SEEDS
-            for q in predict(
-                f"{MODELS[0].name} alone", rate, 60.0, 150.0, seed, profiles, WEIGHTS, classes, step_scale=slower
-            )
-        ]
-        return float(summary(recs, 210.0, classes)["attainment"])
+        name = f"{MODELS[0].name} alone"
+        return float(box_summary(name, rate, FIT_SEEDS, 60.0, 150.0, profiles, WEIGHTS, classes, slower)["attainment"])
 
     assert alone(0.5) >= FIT_BELOW > alone(0.55)
