@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.lanes import MIN_HOLD_S, Flight, Lane, LaneSpec
 from policies.latency import LatencyModel, Prediction
@@ -51,6 +51,8 @@ class RouteInfo:
     tpot_objective: float | None = None
     ttft_objective: float | None = None
     hold_s: float = 0.0  # hold it this long before it goes to the engine (engine seconds)
+    # The output tokens it was predicted for (`RouteQuery.output_tokens`): its flight's too.
+    output_tokens: int = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ class LoadModel:
             tpot_objective=slo.tpot_s,
             ttft_objective=slo.ttft_s,
             hold_s=decision.hold_s,
+            output_tokens=q.output_tokens,
         )
 
     def _unattainable(self, no: NoRoute, q: RouteQuery, slo: Slo) -> NoRoute:

@@ -115,7 +115,7 @@ def test_a_step_scale_stretches_every_step_of_its_model() -> None:
 
 
 def _route(ttft_s: float, tpot_s: float | None = 0.06, hold_s: float = 0.0) -> RouteInfo:
-    return RouteInfo("dense", "document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s)
+    return RouteInfo("dense", "document", "test", Prediction(1.0, 0.01), tpot_s, ttft_s, hold_s, output_tokens=100)
 
 
 def _ask(

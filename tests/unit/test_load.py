@@ -70,7 +70,14 @@ def ask(
 
 def info(model: str = "dense", slo: str = "document", ttft_s: float | None = 60.0, hold_s: float = 0.0) -> RouteInfo:
     return RouteInfo(
-        model, slo, "test", Prediction(1.0, 0.01), tpot_objective=0.06, ttft_objective=ttft_s, hold_s=hold_s
+        model,
+        slo,
+        "test",
+        Prediction(1.0, 0.01),
+        tpot_objective=0.06,
+        ttft_objective=ttft_s,
+        hold_s=hold_s,
+        output_tokens=100,
     )
 
 
@@ -101,6 +108,7 @@ def test_aliases_route_by_their_strategy_and_a_name_by_itself() -> None:
         model.lanes["dense"].predict_tokens(1_000, 0, 100),
         None,
         None,
+        output_tokens=100,
     )
     assert model.routed == {"dense": 2, "moe": 3} and model.rejected == 0
 

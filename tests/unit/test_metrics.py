@@ -43,9 +43,11 @@ def test_users_beyond_the_cap_are_other() -> None:
 
 def test_routing_decisions_become_bounded_labels() -> None:
     p = Prediction(0.1, 0.01)
-    assert route_decision(RouteInfo("m1", "interactive", "best: meets interactive", p)) == ("m1", "chosen")
-    assert route_decision(RouteInfo("m2", "interactive", "degraded from m1 (...): x", p)) == ("m2", "degraded")
-    held = RouteInfo("m1", "batch", "substituted: meets batch after a 2.0s hold (...)", p, hold_s=2.0)
+    chosen = RouteInfo("m1", "interactive", "best: meets interactive", p, output_tokens=10)
+    assert route_decision(chosen) == ("m1", "chosen")
+    degraded = RouteInfo("m2", "interactive", "degraded from m1 (...): x", p, output_tokens=10)
+    assert route_decision(degraded) == ("m2", "degraded")
+    held = RouteInfo("m1", "batch", "substituted: meets batch after a 2.0s hold (...)", p, hold_s=2.0, output_tokens=10)
     assert route_decision(held) == ("m1", "substituted_held")
     assert route_decision(NoRoute("x", 3.0, "busy")) == ("none", "refused_busy")
     assert route_decision(NoRoute("x", None, "impossible")) == ("none", "refused_impossible")
@@ -55,7 +57,7 @@ def test_routing_decisions_become_bounded_labels() -> None:
 def test_slo_attained_and_missed_per_objective() -> None:
     m = Metrics(MetricsSettings())
     slo = SloClass(ttft_s=1.0, tpot_s=0.05)
-    route = RouteInfo("m", "interactive", "best", Prediction(0.5, 0.02))
+    route = RouteInfo("m", "interactive", "best", Prediction(0.5, 0.02), output_tokens=11)
     # 11 tokens: TTFT 0.5 s, then 10 tokens in 0.3 s (30 ms each): attained.
     fast = job(route=route, prompt_tokens=10, completion_tokens=11, started=0.0, first_token=0.5, last_token=0.8)
     m.finished(fast, COMPLETED, slo)

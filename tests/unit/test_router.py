@@ -14,7 +14,7 @@ from engine_adapter.base import Engine, KVGroup, KVSpec
 from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
 from gateway.lifecycle.job import Job
-from gateway.lifecycle.run import _route_hold
+from gateway.lifecycle.run import _fly, _route_hold
 from gateway.registry import ServedModel
 from gateway.router import Router
 from gateway.settings import KeyLimits, LatencyProfile, ModelSettings, RoutingSettings, SloClass
@@ -160,3 +160,21 @@ async def test_requests_held_in_line_stay_held_until_their_turn(router: Router) 
     line.release()
     await asyncio.wait_for(waiting, 5.0)  # its turn: nothing there to stall, so it goes
     assert lane.ahead() == [flight]
+
+
+@pytest.mark.parametrize(("max_tokens", "set_by_client", "expected"), [(1_000, True, 1_000), (64_000, False, 512)])
+def test_a_flight_expects_the_output_routing_predicted(
+    router: Router, max_tokens: int, set_by_client: bool, expected: int
+) -> None:
+    """A request's flight expects the output its route was predicted for: max_tokens as the
+    client set it (not capped at the default: a 1,000-token summary's slot looked free halfway
+    through it, issue 21), else the default, not the context left that vLLM is given."""
+    out = max_tokens if set_by_client else router.settings.default_output_tokens
+    info = router.route(dataclasses.replace(query("big", ["big"], 1_000, "batch"), output_tokens=out))
+    assert isinstance(info, RouteInfo) and info.output_tokens == expected
+    request = SimpleNamespace(
+        prompt_token_ids=range(1_000), sampling=SimpleNamespace(max_tokens=max_tokens), cache_salt=None
+    )
+    job = cast(Job, SimpleNamespace(served=router.served["big"], route=info, requests=[request], principal=ANONYMOUS))
+    flight = _fly(router, job)
+    assert flight is not None and flight.output_tokens == expected
