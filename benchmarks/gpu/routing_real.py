@@ -45,8 +45,10 @@ load where every model alone meets under 78% in the fitted box model (`fitted_ra
 load, found for the machine at hand. Later calls reusing the kept gateway reuse its probe.
 
 `run` writes OUT/routing_real_SHAPE_WEIGHTS_RATE.json after every strategy (a run cut short keeps
-what it measured): every request's kind, times and outcome, and for router runs the router's
-learned latency factors polled every 2 s. `report` prints measured vs predicted attainment per
+what it measured): every request's kind, times, cached prompt tokens and outcome, and for router
+runs the router's learned latency factors polled every 2 s. Each run writes its arrivals' token
+ids as its own words (`prompt_shift`): the runs share engines and arrivals, and the box model
+replaying one starts with empty prefix caches. `report` prints measured vs predicted attainment per
 strategy and class, TTFT/TPOT percentiles, rejections, and what the router learned.
 
 The engines' cold start (435 s one after the other, the first bf16 run; they now start side by
@@ -66,6 +68,7 @@ import itertools
 import json
 import os
 import random
+import secrets
 import signal
 import statistics
 import subprocess
@@ -298,7 +301,8 @@ def box_run(
             rec["error"] = "slo_unattainable"
         elif o.first is not None and o.last is not None:
             rec |= {"ttft_s": o.first - a.t, "end_s": o.last, "tokens": o.tokens}
-            rec["tpot_s"] = (o.last - o.first) / max(1, o.tokens - 1)
+            rec |= {"tpot_s": (o.last - o.first) / max(1, o.tokens - 1), "prompt_tokens": len(a.prompt)}
+            rec["cached_tokens"] = o.cached
         out.append(rec)
     return out
 
@@ -530,21 +534,22 @@ class Words:
             and w[1:].islower()
         )
 
-    def text(self, ids: Sequence[int]) -> str:
-        return "".join(" " + self.words[i % len(self.words)] for i in ids)
+    def text(self, ids: Sequence[int], shift: int = 0) -> str:
+        """The words of `ids`, each id's word `shift` places on (a run's own prompts)."""
+        return "".join(" " + self.words[(i + shift) % len(self.words)] for i in ids)
 
 
-def messages(a: Arrival, words: Words) -> list[dict[str, str]]:
+def messages(a: Arrival, words: Words, shift: int = 0) -> list[dict[str, str]]:
     shared = a.kind.shared_prefix
     if shared:
         return [
-            {"role": "system", "content": words.text(a.prompt[:shared])},
-            {"role": "user", "content": words.text(a.prompt[shared:])},
+            {"role": "system", "content": words.text(a.prompt[:shared], shift)},
+            {"role": "user", "content": words.text(a.prompt[shared:], shift)},
         ]
-    return [{"role": "user", "content": words.text(a.prompt)}]
+    return [{"role": "user", "content": words.text(a.prompt, shift)}]
 
 
-async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float) -> dict[str, Any]:
+async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float, shift: int = 0) -> dict[str, Any]:
     import openai
 
     rec: dict[str, Any] = {"id": a.id, "kind": a.kind.name, "t": a.t, "output": a.kind.output_tokens, "model": model}
@@ -555,7 +560,7 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float)
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
-            messages=messages(a, words),
+            messages=messages(a, words, shift),
             max_tokens=a.kind.output_tokens,
             stream=True,
             stream_options={"include_usage": True},
@@ -575,6 +580,8 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float)
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
                 rec["prompt_tokens"] = chunk.usage.prompt_tokens
+                details = chunk.usage.prompt_tokens_details
+                rec["cached_tokens"] = details.cached_tokens if details is not None else None
     except asyncio.CancelledError:
         rec["error"] = "unfinished"
         if first is not None:
@@ -664,9 +671,12 @@ async def probe(
 
 
 async def drive(
-    port: int, strategy: str, load: list[Arrival], window: float, grace: float, words: Words
+    port: int, strategy: str, load: list[Arrival], window: float, grace: float, words: Words, shift: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
-    """One strategy on `load`: every request's record, the router's learned factors over time."""
+    """One strategy on `load`: every request's record, the router's learned factors over time.
+    `shift`: the run's own words for the arrivals' tokens (`Words.text`), so that it finds
+    nothing of an earlier run's prompts in the engines' prefix caches, as the box model that
+    replays it starts empty."""
     import openai
 
     await idle(port)
@@ -686,7 +696,7 @@ async def drive(
     )
     learned: list[dict[str, Any]] = []
     t_start = time.perf_counter() + 0.5
-    tasks = [asyncio.create_task(one(client, model_for(a), a, words, t_start)) for a in load]
+    tasks = [asyncio.create_task(one(client, model_for(a), a, words, t_start, shift)) for a in load]
 
     async def snapshot() -> None:
         """The router's learned factors now (absent while routing is off)."""
@@ -770,10 +780,22 @@ def run(a: argparse.Namespace) -> int:
                     print(f"a run would outlast the {a.budget:g} s budget: stopping before {strategy} seed {seed}")
                     return 0
                 load = arrivals(workload, a.rate, a.window, seed)
-                recs, learned, wall = asyncio.run(drive(port, strategy, load, a.window, a.grace, words))
+                # Each run its own prompt words: the strategies run one after another on the same
+                # engines and arrivals, and until the fifth run each found the documents and
+                # summaries the one before had left in the prefix caches (a 50K-token document's
+                # first token in 0.27 s against 3.3 s predicted).
+                shift = secrets.randbelow(len(words.words) - 1) + 1
+                recs, learned, wall = asyncio.run(drive(port, strategy, load, a.window, a.grace, words, shift))
                 s = summary(recs, a.window + a.grace, doc["routing"])
                 doc["runs"].append(
-                    {"strategy": strategy, "seed": seed, "wall_s": round(wall, 1), "requests": recs, "learned": learned}
+                    {
+                        "strategy": strategy,
+                        "seed": seed,
+                        "wall_s": round(wall, 1),
+                        "prompt_shift": shift,
+                        "requests": recs,
+                        "learned": learned,
+                    }
                 )
                 dest.write_text(json.dumps(doc, indent=1))
                 (work / dest.name).write_text(dest.read_text())
@@ -982,6 +1004,12 @@ def report(a: argparse.Namespace) -> int:
                     "    per seed, measured / predicted: "
                     + ", ".join(f"{seed}: {m['attainment']:.1%} / {p['attainment']:.1%}" for seed, m, p in per_seed)
                 )
+            hits = cached_share([q for r in runs for q in r["requests"]])
+            if hits is not None:
+                print(
+                    f"    prompt tokens found cached: measured {hits:.1%},"
+                    f" predicted {cached_share([q for p in predicted for q in p]):.1%}"
+                )
             if scale is not None:
                 fitted = replay(doc, strategy, runs, scale)
                 cal = summary([q for p in fitted for q in p], window + grace, doc["routing"])
@@ -1029,6 +1057,13 @@ def replay(
         )
         for r in runs
     ]
+
+
+def cached_share(recs: Sequence[dict[str, Any]]) -> float | None:
+    """The share of the prompt tokens their engines found cached (None: not recorded, as in the
+    runs before the fifth)."""
+    both = [r for r in recs if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
+    return sum(r["cached_tokens"] for r in both) / sum(r["prompt_tokens"] for r in both) if both else None
 
 
 def decode_ratios(runs: Sequence[Sequence[tuple[dict[str, Any], dict[str, Any]]]]) -> str:

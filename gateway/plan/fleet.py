@@ -128,6 +128,7 @@ class Outcome:
     first: float | None = None
     last: float | None = None
     tokens: int = 0
+    cached: int = 0  # prompt tokens its engine found in its prefix cache
     met: bool = False
 
 
@@ -324,6 +325,7 @@ class Fleet:
             if e.new_tokens:
                 if o.first is None:
                     o.first = self.clock.now
+                    o.cached = e.num_cached_tokens or 0
                 o.last = self.clock.now
                 o.tokens += e.new_tokens
                 if flight is not None:

@@ -3,9 +3,11 @@ time, no GPU) against what the real engines did (issue 21)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,36 @@ def test_the_fitted_rate_is_where_each_model_alone_falls_under_the_mark() -> Non
         return float(box_summary(name, rate, FIT_SEEDS, 60.0, 150.0, profiles, WEIGHTS, classes, slower)["attainment"])
 
     assert alone(0.5) >= FIT_BELOW > alone(0.55)
+
+
+def test_each_run_writes_its_prompts_in_its_own_words(tmp_path: Path) -> None:
+    """The strategies run one after another on the same engines and arrivals: each run shifts the
+    words its token ids become (`Words.text`), so none finds an earlier run's prompts cached, as
+    the box model replaying it does not. Within a run, chats still share their system prompt."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu.routing_real import Words, cached_share, messages
+    from gateway.plan.fleet import DEFAULT_WORKLOAD, arrivals
+
+    vocab = {
+        "\u0120alpha": 0,
+        "\u0120bravo": 1,
+        "\u0120charlie": 2,
+        "\u0120delta": 3,
+        "\u0120ab": 4,
+        "\u0120Echo": 5,
+        "x": 6,
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"model": {"vocab": vocab}}))
+    words = Words(path)
+    assert words.words == ["alpha", "bravo", "charlie", "delta"]  # single-token lowercase words of 3-8 letters
+    assert words.text([0, 1, 2]) == " alpha bravo charlie"
+    assert words.text([0, 1, 2], 1) == " bravo charlie delta" and words.text([0, 1, 2], 4) == words.text([0, 1, 2])
+
+    chats = [a for a in arrivals(DEFAULT_WORKLOAD, 0.5, 60.0, 1) if a.kind.name == "chat"][:2]
+    (s0, u0), (s1, u1) = (messages(a, words, 3) for a in chats)
+    assert s0 == s1 and u0 != u1  # one system prompt within a run
+    assert messages(chats[0], words, 2)[0] != s0  # not across runs
+
+    assert cached_share([{"prompt_tokens": 1_000, "cached_tokens": 100}, {"prompt_tokens": 500}]) == 0.1
+    assert cached_share([{"prompt_tokens": 1_000}]) is None  # not recorded
