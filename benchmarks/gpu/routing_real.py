@@ -39,8 +39,8 @@ gateway's own code on a virtual clock.
 Before the runs, `run` probes each model alone (`PROBE`: 2,000-token chats, one and three at
 once), after an unrecorded pass that warms the fresh engines: the lent H200s' hosts differ, and
 with the synchronous scheduler a step waits for its host.
-`report` prints the box model's prediction as it is and fitted to the probe (each model's steps
-scaled by the probe's median measured / predicted TPOT, `calibration`). `--rate fit` runs at the
+`report` prints the box model's prediction as it is and fitted to the probe (each model's host
+time per step and per sequence beyond the box model's, from the probe's decode, `calibration`). `--rate fit` runs at the
 load where every model alone meets under 78% in the fitted box model (`fitted_rate`): the issue's
 load, found for the machine at hand. Later calls reusing the kept gateway reuse its probe.
 
@@ -154,9 +154,10 @@ CPU_WORKLOAD = tuple(
 
 WORKLOADS = {"gpu": DEFAULT_WORKLOAD, "cpu-tiny": CPU_WORKLOAD}
 # The calibration probe: chats of one size, alone and three at once, to each model in turn before
-# the runs. Its decode against the box model's is the machine's step scale: the lent H200s'
-# hosts differ (the 35B-A3B decoded 1.07-1.11x the model's time alone on two machines, 1.30x on
-# a third), and a synchronous scheduler's step waits for its host.
+# the runs. Its decode beyond the box model's is the machine's host time, per step and per
+# sequence (`calibration`): the lent H200s' hosts differ (the 35B-A3B decoded 1.07-1.11x the
+# model's time alone on two machines, 1.2-1.3x on others), and a synchronous scheduler's step
+# waits for its host.
 PROBE = {
     "gpu": RequestKind("probe", 1.0, (2_000, 2_000), 300, "interactive"),
     "cpu-tiny": RequestKind("probe", 1.0, (40, 40), 15, "interactive"),
@@ -213,9 +214,11 @@ def profile(s: Served, weights: str) -> LatencyProfile:
     )
 
 
-def placement(
-    profiles: dict[str, LatencyProfile], weights: str, step_scale: dict[str, float] | None = None
-) -> Placement:
+# Per model, this machine's host time beyond the box model's: (per step, per sequence) seconds.
+Host = dict[str, tuple[float, float]]
+
+
+def placement(profiles: dict[str, LatencyProfile], weights: str, host: Host | None = None) -> Placement:
     from engine_adapter.spark import H200
 
     return Placement(
@@ -231,7 +234,8 @@ def placement(
                 max_num_batched_tokens=STEP_TOKENS,
                 long_prefill_token_threshold=s.block,
                 block_size=s.block,
-                step_scale=(step_scale or {}).get(s.name, 1.0),
+                host_step_s=(host or {}).get(s.name, (0.0, 0.0))[0],
+                host_seq_s=(host or {}).get(s.name, (0.0, 0.0))[1],
             )
             for s in MODELS
         ),
@@ -254,11 +258,11 @@ def predict(
     weights: str,
     classes: dict[str, Any],
     workload: Sequence[RequestKind] = DEFAULT_WORKLOAD,
-    step_scale: dict[str, float] | None = None,
+    host: Host | None = None,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on the arrivals `run` sends: each request's outcome."""
     load = arrivals(workload, rate, window, seed)
-    return box_run(strategy, load, profiles, weights, classes, step_scale)
+    return box_run(strategy, load, profiles, weights, classes, host)
 
 
 def box_summary(
@@ -270,13 +274,11 @@ def box_summary(
     profiles: dict[str, LatencyProfile],
     weights: str,
     classes: dict[str, Any],
-    step_scale: dict[str, float] | None = None,
+    host: Host | None = None,
 ) -> dict[str, Any]:
     """The box model's `summary` of `strategy` at `rate`, its runs on `seeds` pooled."""
     recs = [
-        q
-        for seed in seeds
-        for q in predict(strategy, rate, window, grace, seed, profiles, weights, classes, step_scale=step_scale)
+        q for seed in seeds for q in predict(strategy, rate, window, grace, seed, profiles, weights, classes, host=host)
     ]
     return summary(recs, window + grace, classes)
 
@@ -287,11 +289,11 @@ def box_run(
     profiles: dict[str, LatencyProfile],
     weights: str,
     classes: dict[str, Any],
-    step_scale: dict[str, float] | None = None,
+    host: Host | None = None,
 ) -> list[dict[str, Any]]:
     """The box model's run of `strategy` on `load`: each request's outcome, recorded as `one`
     records a real one."""
-    fleet = Fleet(placement(profiles, weights, step_scale), RoutingSettings(**classes), strategy.removesuffix(" alone"))
+    fleet = Fleet(placement(profiles, weights, host), RoutingSettings(**classes), strategy.removesuffix(" alone"))
     fleet.run(load)
     out = []
     for a in load:
@@ -328,23 +330,36 @@ def calibration(
     weights: str,
     classes: dict[str, Any],
     kind: RequestKind,
-) -> dict[str, float]:
-    """Per model, the median of the probe's measured / the box model's TPOT: the step scale that
-    fits the box model to this machine."""
-    scale = {}
+) -> Host:
+    """Per model, the host time per step and per sequence that fits the box model to this
+    machine: the line through the probe's median measured - predicted TPOT at each concurrency
+    (a step of c sequences takes `step + c * seq` more). A time, not a scale: what a slower host
+    adds is its own work, which a long prefill step does not multiply (the fifth run's 35B-A3B
+    decoded 0.8 ms over the model alone and 1.7 ms at three at once, while its prefills ran at
+    the model's speed)."""
+    out: Host = {}
     for name, probes in probe.items():
-        ratios = [
-            m["tpot_s"] / b["tpot_s"]
-            for p in probes
-            for m, b in zip(
-                p["requests"],
-                box_run(name, probe_load(kind, p["concurrency"]), profiles, weights, classes),
-                strict=True,
-            )
-            if m.get("tpot_s") and b.get("tpot_s")
-        ]
-        scale[name] = round(statistics.median(ratios), 3) if ratios else 1.0
-    return scale
+        points = []
+        for p in probes:
+            predicted = box_run(name, probe_load(kind, p["concurrency"]), profiles, weights, classes)
+            diffs = [
+                m["tpot_s"] - b["tpot_s"]
+                for m, b in zip(p["requests"], predicted, strict=True)
+                if m.get("tpot_s") and b.get("tpot_s")
+            ]
+            if diffs:
+                points.append((p["concurrency"], statistics.median(diffs)))
+        if len({c for c, _ in points}) < 2:
+            out[name] = (statistics.median(d for _, d in points) if points else 0.0, 0.0)
+            continue
+        per_seq, per_step = statistics.linear_regression([c for c, _ in points], [d for _, d in points])
+        out[name] = (round(per_step, 6), round(per_seq, 6))
+    return out
+
+
+def host_ms(host: Host) -> dict[str, str]:
+    """`host` for print: per model, "per step + per sequence" in ms."""
+    return {name: f"{step * 1e3:.2f} + {seq * 1e3:.2f} ms" for name, (step, seq) in host.items()}
 
 
 def beside(
@@ -353,12 +368,12 @@ def beside(
     weights: str,
     classes: dict[str, Any],
     kind: RequestKind,
-    step_scale: dict[str, float],
+    host: Host,
 ) -> dict[str, float]:
     """Per model, the median measured / predicted TPOT of the probe's requests sent to all
-    models at once, the box model fitted to the machine (`step_scale`): how far its box-mate
+    models at once, the box model fitted to the machine (`host`): how far its box-mate
     wait is off there (1.0: right)."""
-    predicted = box_run("round-robin", probe_load(kind, len(together)), profiles, weights, classes, step_scale)
+    predicted = box_run("round-robin", probe_load(kind, len(together)), profiles, weights, classes, host)
     ratios: dict[str, list[float]] = {}
     for m, b in zip(together, predicted, strict=True):
         if m.get("tpot_s") and b.get("tpot_s") and b["model"] == m["model"]:
@@ -759,12 +774,15 @@ def run(a: argparse.Namespace) -> int:
             alone, together = asyncio.run(probe(port, [s.name for s in served], PROBE[a.shape], words))
             probed.write_text(json.dumps({"probe": alone, "probe_together": together}))
         found = json.loads(probed.read_text())
-        scale = calibration(found["probe"], profiles, a.weights, classes, PROBE[a.shape])
-        print(f"probe: this machine's decode against the box model's {scale}", flush=True)
-        mates = beside(found["probe_together"], profiles, a.weights, classes, PROBE[a.shape], scale)
+        host = calibration(found["probe"], profiles, a.weights, classes, PROBE[a.shape])
+        print(
+            f"probe: this machine's host time beyond the box model's, per step + per sequence {host_ms(host)}",
+            flush=True,
+        )
+        mates = beside(found["probe_together"], profiles, a.weights, classes, PROBE[a.shape], host)
         print(f"probe, all models at once: decode against the box model's (fitted) {mates}", flush=True)
         if a.rate is None:
-            a.rate = fitted_rate(profiles, a.weights, classes, scale, a.window, a.grace)
+            a.rate = fitted_rate(profiles, a.weights, classes, host, a.window, a.grace)
             print(f"rate: {a.rate:g} req/s, each model alone under {FIT_BELOW:.0%} in the fitted box model", flush=True)
         dest = a.out / f"routing_real_{a.shape}_{a.weights}_{a.rate:g}.json"
         doc = document(a, dest, work, profiles) | found
@@ -849,18 +867,16 @@ def fitted_rate(
     profiles: dict[str, LatencyProfile],
     weights: str,
     classes: dict[str, Any],
-    step_scale: dict[str, float],
+    host: Host,
     window: float,
     grace: float,
 ) -> float:
     """The lowest rate of `RATE_GRID` at which every model alone meets fewer than `FIT_BELOW` of
     its objectives, in the box model fitted to this machine: the issue's load, found for the
-    machine at hand. The box model as it is gives 0.65 req/s; fitted to the 0.7 req/s run's
-    slower host (35B-A3B steps x1.27, 27B x1.04), 0.55, where it predicts the router 100% and the
-    35B-A3B alone 74.7%."""
+    machine at hand (test_routing_real pins it for the fifth run's host)."""
     for rate in RATE_GRID:
         alone = [
-            box_summary(f"{s.name} alone", rate, FIT_SEEDS, window, grace, profiles, weights, classes, step_scale)
+            box_summary(f"{s.name} alone", rate, FIT_SEEDS, window, grace, profiles, weights, classes, host)
             for s in MODELS
         ]
         if max(x["attainment"] for x in alone) < FIT_BELOW:
@@ -930,13 +946,14 @@ def plan(a: argparse.Namespace) -> int:
     profiles = {s.name: profile(s, a.weights) for s in MODELS}
     for name, p in profiles.items():
         print(f"profile {name}: {p.model_dump()}")
-    scale = None
-    if a.step_scale:
-        scale = {MODELS[0].name: a.step_scale[0], MODELS[1].name: a.step_scale[1]}
-        print(f"steps scaled (fitted to a machine): {scale}")
+    host = None
+    if a.host_ms:
+        ms = [x / 1e3 for x in a.host_ms]
+        host = {MODELS[0].name: (ms[0], ms[1]), MODELS[1].name: (ms[2], ms[3])}
+        print(f"host time beyond the box model's (fitted to a machine): {host_ms(host)}")
     for rate in a.rates:
         for strategy in a.only or strategies():
-            s = box_summary(strategy, rate, a.seeds, a.window, a.grace, profiles, a.weights, routing(a.grace), scale)
+            s = box_summary(strategy, rate, a.seeds, a.window, a.grace, profiles, a.weights, routing(a.grace), host)
             print(
                 f"{rate:>5g} {strategy:<24} {s['met']:>4}/{s['offered']:<4} {s['attainment']:6.1%}"
                 f" rejected {s['rejected']:>3}"
@@ -966,13 +983,16 @@ def report(a: argparse.Namespace) -> int:
             f"{path}: {doc['weights']} weights, {rate} req/s, {window:g} s of arrivals + {grace:g} s grace,"
             f" seeds {seeds}"
         )
-        scale = None
+        host = None
         if "probe" in doc:
-            scale = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
-            print(f"probe: this machine's decode against the box model's {scale}")
+            host = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
+            print(
+                f"probe: this machine's host time beyond the box model's, per step + per sequence {host_ms(host)}",
+                flush=True,
+            )
             if "probe_together" in doc:
                 mates = beside(
-                    doc["probe_together"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]], scale
+                    doc["probe_together"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]], host
                 )
                 print(f"probe, all models at once: decode against the box model's (fitted) {mates}")
         header = (
@@ -1010,8 +1030,8 @@ def report(a: argparse.Namespace) -> int:
                     f"    prompt tokens found cached: measured {hits:.1%},"
                     f" predicted {cached_share([q for p in predicted for q in p]):.1%}"
                 )
-            if scale is not None:
-                fitted = replay(doc, strategy, runs, scale)
+            if host is not None:
+                fitted = replay(doc, strategy, runs, host)
                 cal = summary([q for p in fitted for q in p], window + grace, doc["routing"])
                 print(
                     f"    fitted to the probe: predicted {cal['attainment']:.1%}"
@@ -1038,7 +1058,7 @@ def report(a: argparse.Namespace) -> int:
 
 
 def replay(
-    doc: dict[str, Any], strategy: str, runs: Sequence[dict[str, Any]], step_scale: dict[str, float] | None = None
+    doc: dict[str, Any], strategy: str, runs: Sequence[dict[str, Any]], host: Host | None = None
 ) -> list[list[dict[str, Any]]]:
     """The box model's prediction of each of `runs` (of `strategy`, in the run document `doc`)."""
     profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
@@ -1053,7 +1073,7 @@ def replay(
             doc["weights"],
             doc["routing"],
             WORKLOADS[doc["shape"]],
-            step_scale,
+            host,
         )
         for r in runs
     ]
@@ -1143,11 +1163,11 @@ def main() -> int:
     p = sub.add_parser("plan", help="the box model's attainment per strategy at these loads")
     p.add_argument("--rates", type=float, nargs="+", required=True)
     p.add_argument(
-        "--step-scale",
+        "--host-ms",
         type=float,
-        nargs=2,
-        metavar=("A3B", "DENSE"),
-        help="scale each model's steps (a probe's `calibration`: a machine slower than the box model)",
+        nargs=4,
+        metavar=("A3B_STEP", "A3B_SEQ", "DENSE_STEP", "DENSE_SEQ"),
+        help="each model's host time per step and per sequence beyond the box model's, in ms (a probe's `calibration`)",
     )
     p.add_argument("--weights", choices=list(KV_GIB), default=WEIGHTS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])

@@ -51,13 +51,12 @@ class Deployed:
     # model's attention blocks to its linear-attention state page (2,096 / 1,568 tokens for the
     # Qwen3.6 shapes with FP8 KV), and the prefix cache then reuses whole blocks only.
     block_size: int | None = None
-    # This machine's step time against the box model's (a calibration probe's ratio): hosts of
-    # one GPU model differ, and a synchronous scheduler's step waits for its host.
-    step_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.step_scale <= 0:
-            raise ValueError(f"{self.name}: step_scale must be > 0")
+    # This machine's host time beyond the box model's, per engine step and per sequence in it (a
+    # calibration probe's fit): hosts of one GPU model differ, and a synchronous scheduler's
+    # step waits for its host's work, which grows with the sequences it samples and streams. The
+    # GPU is free meanwhile: a box-mate's steps do not wait for it.
+    host_step_s: float = 0.0
+    host_seq_s: float = 0.0
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -301,15 +300,18 @@ class Fleet:
         in issue 21 were made so, a little pessimistic for a short step beside a long one)."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
-        lane.step_s = own = res.duration * lane.deployed.step_scale
+        lane.step_s = own = res.duration
+        d = lane.deployed
+        host = d.host_step_s + d.host_seq_s * (res.decode_seqs + (res.prefill_tokens > 0))
         box = self.placement.box
         ratio = sum(
             turn_ratio(m.step_s, own, box.gpu_timeslice_s, box.mate_wait_s)
             for m in self.lanes.values()
             if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
         )
-        if ratio or own != res.duration:
-            res = dataclasses.replace(res, end=res.start + own * (1 + ratio))
+        if ratio or host:
+            # (a faster host's negative fit takes at most half a step off)
+            res = dataclasses.replace(res, end=res.start + max(own * (1 + ratio) + host, own / 2))
             lane.sim.now = res.end
         lane.pending = res
 

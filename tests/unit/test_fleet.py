@@ -95,23 +95,28 @@ def test_a_document_arriving_on_a_busy_chat_engine_is_held_back() -> None:
     assert MODELS["Qwen3.8-27B"].kv_budget_gib == 65.0
 
 
-def test_a_step_scale_stretches_every_step_of_its_model() -> None:
-    """A machine whose host runs the engine's steps 1.3x slower (a calibration probe's ratio)
-    takes 1.3x as long for each: the first token and every one after it."""
-    chat = Arrival("chat", 0.0, CHAT, tuple(range(1_000, 2_500)))
+def test_host_time_lengthens_every_step_of_its_model_by_its_sequences() -> None:
+    """A machine whose host takes longer per engine step (a calibration probe's fit) adds that
+    time to each step, and its per-sequence time for each sequence in it: one chat alone, one
+    prefill step and one per token after it; three at once, three sequences a step."""
+    chat = CHAT
 
-    def one(scale: float) -> tuple[float, float]:
-        d = Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE, step_scale=scale)
-        fleet = Fleet(Placement("one", (d,)), ROUTING, "dense")
-        fleet.run([chat])
-        o = fleet.outcomes["chat"]
-        assert o.first is not None and o.last is not None and o.tokens == CHAT.output_tokens
-        return o.first, o.last - o.first
+    def run(n: int, step: float, seq: float) -> tuple[float, float]:
+        d = Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE, host_step_s=step, host_seq_s=seq)
+        # one token a step (no drafts), as on the GPU runs
+        fleet = Fleet(Placement("one", (d,), serving=Serving(spec_decode=False)), ROUTING, "dense")
+        load = [Arrival(f"c{i}", 0.0, chat, tuple(range(1_000 * i, 1_000 * i + 1_500))) for i in range(n)]
+        fleet.run(load)
+        o = fleet.outcomes["c0"]
+        assert o.first is not None and o.last is not None and o.tokens == chat.output_tokens
+        return o.first, (o.last - o.first) / (o.tokens - 1)
 
-    (ttft, decode), (slow_ttft, slow_decode) = one(1.0), one(1.3)
-    assert slow_ttft == pytest.approx(1.3 * ttft) and slow_decode == pytest.approx(1.3 * decode)
-    with pytest.raises(ValueError, match="step_scale"):
-        Deployed("dense", "Qwen3.8-27B", "box", 65.0, step_scale=0.0)
+    (ttft, tpot), (slow_ttft, slow_tpot) = run(1, 0.0, 0.0), run(1, 0.002, 0.001)
+    # (two prefill steps: the prompt's cacheable blocks, then the rest of it)
+    assert slow_ttft == pytest.approx(ttft + 2 * 0.003) and slow_tpot == pytest.approx(tpot + 0.003)
+    (_, tpot3), (_, slow_tpot3) = run(3, 0.0, 0.0), run(3, 0.002, 0.001)
+    # (about: its first steps share the others' prefills)
+    assert slow_tpot3 == pytest.approx(tpot3 + 0.002 + 3 * 0.001, abs=1e-4)
 
 
 def _route(ttft_s: float, tpot_s: float | None = 0.06, hold_s: float = 0.0) -> RouteInfo:
