@@ -481,7 +481,9 @@ def gateway_settings(
             if weights == "fp8":
                 m["engine_args"]["quantization"] = "fp8"  # vLLM's online quantization
         models.append(m)
-    server = {"host": "127.0.0.1", "port": port, "log_level": "warning", "cache_dir": str(work / "cache")}
+    # info: the gateway's line per request in OUT/gateway_*.log (its admission wait, cached tokens,
+    # TTFT; its `x-request-id` is the record's `request_id`): what a miss waited for
+    server = {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(work / "cache")}
     if shape != "cpu-tiny":
         # Each pool's size is fixed (kv_cache_bytes: vLLM skips its memory profile), so neither
         # engine sizes itself by what the other left free: side by side, the cold start is the
@@ -568,6 +570,7 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float,
     import openai
 
     rec: dict[str, Any] = {"id": a.id, "kind": a.kind.name, "t": a.t, "output": a.kind.output_tokens, "model": model}
+    rec["request_id"] = f"run{shift}-{a.id}"  # the gateway's log line for it
     await asyncio.sleep(max(0.0, t_start + a.t - time.perf_counter()))
     sent = time.perf_counter()
     first = last = None
@@ -580,7 +583,7 @@ async def one(client: Any, model: str, a: Arrival, words: Words, t_start: float,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
-            extra_headers={"X-Sparkgate-SLO": a.kind.slo},
+            extra_headers={"X-Sparkgate-SLO": a.kind.slo, "X-Request-Id": rec["request_id"]},
         )
         rec["model"] = raw.headers.get("x-sparkgate-model", model)
         # Why routing sent it there (and how long it held it), and what it predicted.
