@@ -54,7 +54,8 @@ class Deployed:
     # This machine's host time beyond the box model's, per engine step and per sequence in it (a
     # calibration probe's fit): hosts of one GPU model differ, and a synchronous scheduler's
     # step waits for its host's work, which grows with the sequences it samples and streams. The
-    # GPU is free meanwhile: a box-mate's steps do not wait for it.
+    # GPU is free meanwhile: a busy box-mate's kernels run then, so the step's wait for the mate
+    # and its host time overlap (the larger counts).
     host_step_s: float = 0.0
     host_seq_s: float = 0.0
 
@@ -297,7 +298,8 @@ class Fleet:
         for each whose step is under way, each slice of this step's work (the step, or a time
         slice of a longer one) waits for a slice of the mate's, at most the box's mate wait
         (`turn_ratio`; the router predicts the same with a wait of a whole slice: its GPU runs
-        in issue 21 were made so, a little pessimistic for a short step beside a long one)."""
+        in issue 21 were made so, a little pessimistic for a short step beside a long one), and
+        by this machine's host time where it exceeds that wait."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
         lane.step_s = own = res.duration
@@ -310,8 +312,11 @@ class Fleet:
             if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
         )
         if ratio or host:
-            # (a faster host's negative fit takes at most half a step off)
-            res = dataclasses.replace(res, end=res.start + max(own * (1 + ratio) + host, own / 2))
+            # The host's work and the waits for a mate overlap: while this engine's host works,
+            # the GPU runs the mate's kernels, the slice it would otherwise wait for. (A faster
+            # host's negative fit takes at most half a step off.)
+            extra = max(own * ratio, host) if ratio else host
+            res = dataclasses.replace(res, end=res.start + max(own + extra, own / 2))
             lane.sim.now = res.end
         lane.pending = res
 

@@ -213,6 +213,37 @@ def test_engines_on_one_box_take_turns_on_its_gpu() -> None:
         assert shared == pytest.approx(alone[short] * (1 + ratio), rel=0.02), (short, alone, shared)
 
 
+def test_a_host_s_time_hides_in_its_waits_for_a_busy_box_mate() -> None:
+    """While an engine's host works between its steps, the GPU runs a busy box-mate's kernels:
+    the slice the engine would wait for. Beside a decoding 27B, the 35B-A3B's host time up to
+    its wait costs nothing, and beyond it only the excess; alone, all of it."""
+    serving = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+
+    def tpot(mate: bool, host_s: float) -> float:
+        models = [Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B, host_step_s=host_s)]
+        if mate:
+            models.append(Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE))
+        fleet = Fleet(Placement("p", tuple(models), box=H200, serving=serving), ROUTING, "round-robin")
+        load = [
+            Arrival(
+                d.name,
+                0.0,
+                RequestKind(d.name, 1.0, (100, 100), 200 if d.name == "moe" else 2_000, "batch"),
+                (1,) * 100,
+            )
+            for d in models
+        ]
+        fleet.run(load)
+        o = fleet.outcomes["moe"]
+        assert o.first is not None and o.last is not None
+        return (o.last - o.first) / (o.tokens - 1)
+
+    wait = H200.mate_wait_s  # the 27B's decode step is longer: the 35B-A3B waits this long
+    assert tpot(False, 0.002) == pytest.approx(tpot(False, 0.0) + 0.002)
+    assert tpot(True, 0.002) == pytest.approx(tpot(True, 0.0))
+    assert tpot(True, wait + 0.004) == pytest.approx(tpot(True, 0.0) + 0.004)
+
+
 def _capped(cap: int, model: str = "Qwen3.8-27B", latency: LatencyProfile = DENSE) -> Fleet:
     """One engine, named "dense" whatever its model, with steps of 2,048 tokens and, with
     `cap`, vLLM's long-prefill cap."""
