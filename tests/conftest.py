@@ -75,8 +75,9 @@ def _log_problems(log_path: Path, lines: int = 15) -> str:
 
 
 # One pooled client: polling with a new client per call costs the test process
-# CPU it may not get while the engines spin on both cores.
-_STATS_CLIENT = httpx.Client(timeout=30)
+# CPU it may not get while the engines spin on both cores. And a long timeout: a gateway
+# beside busy CPU engines has gone unanswered for 11 s (CI, test_overload with httpx's 5 s).
+_STATS_CLIENT = httpx.Client(timeout=60)
 
 
 def free_port() -> int:
@@ -95,8 +96,9 @@ class Server:
     def api(self) -> str:
         return f"{self.base_url}/v1"
 
-    def stats(self) -> dict:  # type: ignore[type-arg]
-        r = _STATS_CLIENT.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {API_KEY}"})
+    def stats(self, key: str = API_KEY) -> dict:  # type: ignore[type-arg]
+        """/sparkgate/stats as `key` sees it (polled by tests: one pooled client)."""
+        r = _STATS_CLIENT.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {key}"})
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import yaml
@@ -65,9 +64,7 @@ def fair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def stats(server: Server) -> dict[str, Any]:
-    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEYS['light']}"})
-    r.raise_for_status()
-    return r.json()  # type: ignore[no-any-return]
+    return server.stats(KEYS["light"])
 
 
 def pool(server: Server) -> dict[str, Any]:

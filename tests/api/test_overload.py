@@ -73,10 +73,7 @@ def client(server: Server, user: str) -> openai.AsyncOpenAI:
 
 
 def stats(server: Server) -> dict[str, Any]:
-    import httpx
-
-    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEYS['heavy']}"})
-    return r.json()  # type: ignore[no-any-return]
+    return server.stats(KEYS["heavy"])
 
 
 def pool(server: Server) -> dict[str, Any]:

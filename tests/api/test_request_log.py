@@ -287,8 +287,7 @@ def test_a_client_that_leaves_mid_stream_is_logged(gateway: Server) -> None:
 
 
 def queued_so_far(server: Server) -> int:
-    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"})
-    return int(r.json()["admission"]["queued"])
+    return int(server.stats(KEY)["admission"]["queued"])
 
 
 def test_a_queued_request_and_an_admission_503_are_logged(gateway: Server) -> None:
