@@ -26,7 +26,7 @@ def assert_error(
 
 def test_missing_key_is_401(server: Server) -> None:
     # The SDK refuses to send without a key, so plain HTTP here.
-    r = httpx.post(f"{server.api}/chat/completions", json={"model": DENSE, "messages": MESSAGES_SHORT})
+    r = httpx.post(f"{server.api}/chat/completions", json={"model": DENSE, "messages": MESSAGES_SHORT}, timeout=60)
     assert r.status_code == 401
     assert r.json()["error"] == {
         "message": r.json()["error"]["message"],
@@ -34,7 +34,7 @@ def test_missing_key_is_401(server: Server) -> None:
         "param": None,
         "code": "missing_api_key",
     }
-    r = httpx.get(f"{server.api}/models", headers={"Authorization": "Basic abc"})
+    r = httpx.get(f"{server.api}/models", headers={"Authorization": "Basic abc"}, timeout=60)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
@@ -115,23 +115,23 @@ def test_out_of_vocabulary_token_ids(client: openai.OpenAI) -> None:
 
 def test_raw_http_errors(server: Server) -> None:
     h = {"Authorization": f"Bearer {API_KEY}"}
-    r = httpx.post(f"{server.api}/chat/completions", content=b"{not json", headers=h)
+    r = httpx.post(f"{server.api}/chat/completions", content=b"{not json", headers=h, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-    r = httpx.post(f"{server.api}/chat/completions", json={"messages": MESSAGES_SHORT}, headers=h)
+    r = httpx.post(f"{server.api}/chat/completions", json={"messages": MESSAGES_SHORT}, headers=h, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter"
     assert r.json()["error"]["param"] == "model"
-    r = httpx.get(f"{server.base_url}/v1/nothing-here", headers=h)
+    r = httpx.get(f"{server.base_url}/v1/nothing-here", headers=h, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.get(f"{server.api}/chat/completions", headers=h)
+    r = httpx.get(f"{server.api}/chat/completions", headers=h, timeout=60)
     assert r.status_code == 405 and "error" in r.json()
-    r = httpx.post(f"{server.api}/chat/completions", json=[1, 2], headers=h)
+    r = httpx.post(f"{server.api}/chat/completions", json=[1, 2], headers=h, timeout=60)
     assert r.status_code == 400 and "error" in r.json()
 
 
 def test_health_needs_no_key(server: Server) -> None:
-    r = httpx.get(f"{server.base_url}/health")
+    r = httpx.get(f"{server.base_url}/health", timeout=60)
     assert r.status_code == 200 and r.json() == {"status": "ok"}  # liveness: nothing more
-    r = httpx.get(f"{server.base_url}/ready")
+    r = httpx.get(f"{server.base_url}/ready", timeout=60)
     assert r.status_code == 200 and r.json()["ready"] is True
     assert {name: m["state"] for name, m in r.json()["models"].items()} == {DENSE: "up", MOE: "up"}
 

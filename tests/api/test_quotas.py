@@ -227,21 +227,21 @@ def test_a_user_reads_only_their_own_usage(pair: Pair) -> None:
     for path in ("/sparkgate/admin/usage?user=alice", "/sparkgate/admin/keys"):
         r = httpx.get(f"{pair.a.base_url}{path}", headers=auth, timeout=30)
         assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
-    r = httpx.get(f"{pair.a.base_url}/sparkgate/admin/keys", headers={"Authorization": "Bearer sk-nobody"})
+    r = httpx.get(f"{pair.a.base_url}/sparkgate/admin/keys", headers={"Authorization": "Bearer sk-nobody"}, timeout=60)
     assert r.status_code == 401
     r = httpx.post(
         f"{pair.a.api}/chat/completions",
         json={"model": MODEL, "messages": MESSAGES},
         headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=60,
     )
     assert r.status_code == 401  # the admin key is not an inference key
 
 
 def test_allowed_models(pair: Pair) -> None:
     _, key = create_key(pair.a, "carol", allowed_models=[MODEL])
-    assert [
-        m["id"] for m in httpx.get(f"{pair.a.api}/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]
-    ] == [MODEL]
+    models = httpx.get(f"{pair.a.api}/models", headers={"Authorization": f"Bearer {key}"}, timeout=60).json()["data"]
+    assert [m["id"] for m in models] == [MODEL]
     bad = admin(pair.a, "POST", "/sparkgate/admin/keys", json={"user": "x", "limits": {"allowed_models": ["gpt-9"]}})
     assert bad.status_code == 400
 
@@ -522,7 +522,7 @@ def _outage_and_recovery(pair: Pair, key: str, scope: str, returned: int) -> Non
             returned += sum(r.json()["usage"]["total_tokens"] for r in local if r.status_code == 200)
             returned += sum(runner.run(_gather(in_flight)))
             for s in pair.both:
-                assert httpx.get(f"{s.base_url}/health").status_code == 200 and s.proc.poll() is None
+                assert httpx.get(f"{s.base_url}/health", timeout=60).status_code == 200 and s.proc.poll() is None
             assert quota_stats_for(pair.b, key)["down"] and quota_stats_for(pair.b, key)["local_reserves"] >= 4
         finally:
             pair.redis.start()  # same port, same data directory

@@ -286,11 +286,11 @@ def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Host) -
         cut_after = time.monotonic() - t0
         assert "failed mid-request" in str(err.value.message) or "engine" in str(err.value.message)
         assert cut_after < 15, cut_after  # the 4 s read timeout, not a hang
-        assert httpx.get(f"{gateway.base_url}/ready").status_code == 503
+        assert httpx.get(f"{gateway.base_url}/ready", timeout=60).status_code == 503
     finally:
         os.kill(host.proc.pid, signal.SIGCONT)
     deadline = time.monotonic() + 20
-    while httpx.get(f"{gateway.base_url}/ready").status_code != 200 and time.monotonic() < deadline:
+    while httpx.get(f"{gateway.base_url}/ready", timeout=60).status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.2)
     done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     assert done.usage is not None and done.usage.completion_tokens >= 1
@@ -303,7 +303,7 @@ def test_a_stalled_host_is_cut_off_and_comes_back(gateway: Server, host: Host) -
 
 
 def _state(gateway: Server, model: str) -> str:
-    state: str = httpx.get(f"{gateway.base_url}/ready").json()["models"][model]["state"]
+    state: str = httpx.get(f"{gateway.base_url}/ready", timeout=60).json()["models"][model]["state"]
     return state
 
 
@@ -315,7 +315,7 @@ def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gate
     deadline = time.monotonic() + 10
     while _state(gateway, MODEL) == "up" and time.monotonic() < deadline:
         time.sleep(0.2)
-    health = httpx.get(f"{gateway.base_url}/ready")
+    health = httpx.get(f"{gateway.base_url}/ready", timeout=60)
     assert health.status_code == 503 and health.json()["models"][MODEL]["state"] in ("unreachable", "unavailable")
     with pytest.raises(openai.APIStatusError) as e:
         client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
@@ -328,7 +328,7 @@ def test_a_dead_host_gives_a_clear_503_and_a_restarted_one_is_claimed_again(gate
     # The host comes back (same config and port): the gateway's poll claims its share again.
     host.restart()
     deadline = time.monotonic() + 10
-    while httpx.get(f"{gateway.base_url}/ready").status_code != 200 and time.monotonic() < deadline:
+    while httpx.get(f"{gateway.base_url}/ready", timeout=60).status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.2)
     done = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     assert done.usage is not None and done.usage.completion_tokens >= 1

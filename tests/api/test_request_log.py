@@ -142,9 +142,9 @@ def post(server: Server, path: str, body: Any, *, key: str = KEY, request_id: st
 
 
 def test_health_is_liveness_and_ready_tells_the_engines(gateway: Server) -> None:
-    r = httpx.get(f"{gateway.base_url}/health")
+    r = httpx.get(f"{gateway.base_url}/health", timeout=60)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
-    r = httpx.get(f"{gateway.base_url}/ready")
+    r = httpx.get(f"{gateway.base_url}/ready", timeout=60)
     assert r.status_code == 200, r.text
     up = {"state": "up", "deaths": 0, "restarts": 0}
     assert r.json() == {"status": "ok", "ready": True, "models": {MODEL: up, SLOW: up, ONE: up}}
