@@ -45,6 +45,13 @@ def test_the_box_model_predicts_the_h200_routing_runs_within_three_points() -> N
     assert "qwen3.6-35b-a3b: alone x1.12 (n=103)" in r.stdout
     assert "qwen3.6-35b-a3b: alone x1.13 (n=1), beside a mate x1.00 (n=32)" in r.stdout
     assert "qwen3.8-27b: alone x1.01 (n=8), beside a mate x1.08 (n=24)" in r.stdout
+    # Fitted to the run's probe too, where a model has a box-mate: its host's time hides in its
+    # waits for the mate (round-robin was 83.1%, 6.2 points low, with the two added). The 27B
+    # alone stays 5.7 low there (one seed, two chats): the probe's 27B fit overshoots this host.
+    found = re.findall(r"fitted to the probe: predicted ([\d.]+)%", r.stdout)
+    fitted = dict(zip(rows, map(float, found), strict=True))  # (report's order)
+    for strategy in ("router", "qwen3.6-35b-a3b alone", "round-robin"):
+        assert abs(rows[strategy][1] - fitted[strategy]) <= 3.0, (strategy, rows[strategy], fitted[strategy])
 
 
 def test_the_probe_fits_the_box_model_to_the_machine_it_measured() -> None:
