@@ -182,33 +182,38 @@ def test_a_prefill_progresses_at_half_speed_while_a_box_mate_prefills() -> None:
     assert lane.until_first_token(long, clock.now) == pytest.approx(work - 8.0)
 
 
+def _tpots(placement: Placement, long: str) -> dict[str, float]:
+    """Each model's decode time per token with one request each, `long`'s outlasting the other's."""
+    fleet = Fleet(placement, ROUTING, "round-robin")
+    load = [
+        Arrival(name, 0.0, RequestKind(name, 1.0, (100, 100), 2_000 if name == long else 200, "batch"), (1,) * 100)
+        for name in ("dense", "moe")
+    ]
+    fleet.run(load)
+    return {
+        a.id: (o.last - o.first) / (o.tokens - 1)
+        for a in load
+        if (o := fleet.outcomes[a.id]).last is not None and o.first is not None
+    }
+
+
+def _on_h200(placement: Placement, moe_host_s: float = 0.0) -> Placement:
+    """`placement` on H200s, one token per step (no drafts: the 35B-A3B's step is shorter than a
+    slice), with `moe_host_s` of host time per 35B-A3B step."""
+    serving = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
+    models = tuple(dataclasses.replace(d, host_step_s=moe_host_s) if d.name == "moe" else d for d in placement.models)
+    return dataclasses.replace(placement, models=models, box=H200, serving=serving)
+
+
 def test_engines_on_one_box_take_turns_on_its_gpu() -> None:
     """Each slice of a step's work waits for a slice of a busy box-mate's (a step, or a time
     slice of a longer one), at most the box's mate wait: a short step beside a long one waits
     that long, a long one beside a short one loses that step's share."""
-
-    def tpots(placement: Placement, long: str) -> dict[str, float]:
-        """Each model's decode time per token with one request each, `long`'s outlasting the other's."""
-        fleet = Fleet(placement, ROUTING, "round-robin")
-        load = [
-            Arrival(name, 0.0, RequestKind(name, 1.0, (100, 100), 2_000 if name == long else 200, "batch"), (1,) * 100)
-            for name in ("dense", "moe")
-        ]
-        fleet.run(load)
-        return {
-            a.id: (o.last - o.first) / (o.tokens - 1)
-            for a in load
-            if (o := fleet.outcomes[a.id]).last is not None and o.first is not None
-        }
-
-    # On an H200, one token per step (no drafts): the 35B-A3B's step is shorter than a slice.
-    serving = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
-    h200 = {n: dataclasses.replace(p, box=H200, serving=serving) for n, p in (("two", TWO_BOXES), ("one", ONE_BOX))}
-    alone = tpots(h200["two"], "dense")  # each on a box of its own
+    alone = _tpots(_on_h200(TWO_BOXES), "dense")  # each on a box of its own
     q, wait = H200.gpu_timeslice_s, H200.mate_wait_s
     assert alone["moe"] < wait < q < alone["dense"]
     for short, long in (("moe", "dense"), ("dense", "moe")):
-        shared = tpots(h200["one"], long)[short]
+        shared = _tpots(_on_h200(ONE_BOX), long)[short]
         ratio = min(alone[long], wait) / min(alone[short], q)
         assert shared == pytest.approx(alone[short] * (1 + ratio), rel=0.02), (short, alone, shared)
 
@@ -217,26 +222,9 @@ def test_a_host_s_time_hides_in_its_waits_for_a_busy_box_mate() -> None:
     """While an engine's host works between its steps, the GPU runs a busy box-mate's kernels:
     the slice the engine would wait for. Beside a decoding 27B, the 35B-A3B's host time up to
     its wait costs nothing, and beyond it only the excess; alone, all of it."""
-    serving = Serving(weight_dtype="bf16", kv_dtype="fp8", spec_decode=False, routing_locality=1.0)
 
     def tpot(mate: bool, host_s: float) -> float:
-        models = [Deployed("moe", "Qwen3.6-35B-A3B", "box", 30.0, latency=A3B, host_step_s=host_s)]
-        if mate:
-            models.append(Deployed("dense", "Qwen3.8-27B", "box", 30.0, latency=DENSE))
-        fleet = Fleet(Placement("p", tuple(models), box=H200, serving=serving), ROUTING, "round-robin")
-        load = [
-            Arrival(
-                d.name,
-                0.0,
-                RequestKind(d.name, 1.0, (100, 100), 200 if d.name == "moe" else 2_000, "batch"),
-                (1,) * 100,
-            )
-            for d in models
-        ]
-        fleet.run(load)
-        o = fleet.outcomes["moe"]
-        assert o.first is not None and o.last is not None
-        return (o.last - o.first) / (o.tokens - 1)
+        return _tpots(_on_h200(ONE_BOX if mate else TWO_BOXES, host_s), "dense")["moe"]
 
     wait = H200.mate_wait_s  # the 27B's decode step is longer: the 35B-A3B waits this long
     assert tpot(False, 0.002) == pytest.approx(tpot(False, 0.0) + 0.002)
