@@ -969,10 +969,24 @@ def plan(a: argparse.Namespace) -> int:
 
 def report(a: argparse.Namespace) -> int:
     groups: dict[tuple[str, str, float, float, float], dict[str, Any]] = {}
-    for path in a.results:  # the runs of one setting, from however many calls, as one
+    hosts: dict[int, Host] = {}  # id(run) -> the host fitted to the probe of the call that ran it
+    for path in a.results:  # the runs of one setting, from however many calls (machines), as one
         doc = json.loads(Path(path).read_text())
         doc.setdefault("weights", "fp8")  # the first H200 run's, before bf16 was the default
         key = (doc["shape"], doc["weights"], doc["rate"], doc["window_s"], doc["grace_s"])
+        if "probe" in doc:
+            profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
+            host = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
+            print(
+                f"{path}: probe: this machine's host time beyond the box model's, per step + per sequence"
+                f" {host_ms(host)}"
+            )
+            if "probe_together" in doc:
+                mates = beside(
+                    doc["probe_together"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]], host
+                )
+                print(f"{path}: probe, all models at once: decode against the box model's (fitted) {mates}")
+            hosts |= {id(r): host for r in doc["runs"]}
         if key in groups:
             groups[key]["runs"] += doc["runs"]
             groups[key]["path"] += f", {path}"
@@ -980,24 +994,11 @@ def report(a: argparse.Namespace) -> int:
             groups[key] = doc | {"path": str(path)}
     for doc in groups.values():
         path, rate, window, grace = doc["path"], doc["rate"], doc["window_s"], doc["grace_s"]
-        profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
         seeds = sorted({r["seed"] for r in doc["runs"]})
         print(
             f"{path}: {doc['weights']} weights, {rate} req/s, {window:g} s of arrivals + {grace:g} s grace,"
             f" seeds {seeds}"
         )
-        host = None
-        if "probe" in doc:
-            host = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]])
-            print(
-                f"probe: this machine's host time beyond the box model's, per step + per sequence {host_ms(host)}",
-                flush=True,
-            )
-            if "probe_together" in doc:
-                mates = beside(
-                    doc["probe_together"], profiles, doc["weights"], doc["routing"], PROBE[doc["shape"]], host
-                )
-                print(f"probe, all models at once: decode against the box model's (fitted) {mates}")
         header = (
             f"{'strategy':<24}{'offered':>8}{'measured':>10}{'predicted':>10}{'diff':>7}  per kind measured | predicted"
         )
@@ -1033,8 +1034,8 @@ def report(a: argparse.Namespace) -> int:
                     f"    prompt tokens found cached: measured {hits:.1%},"
                     f" predicted {cached_share([q for p in predicted for q in p]):.1%}"
                 )
-            if host is not None:
-                fitted = replay(doc, strategy, runs, host)
+            if all(id(r) in hosts for r in runs):
+                fitted = [p for r in runs for p in replay(doc, strategy, [r], hosts[id(r)])]
                 cal = summary([q for p in fitted for q in p], window + grace, doc["routing"])
                 print(
                     f"    fitted to the probe: predicted {cal['attainment']:.1%}"
