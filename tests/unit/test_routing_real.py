@@ -17,10 +17,10 @@ RESULTS = ROOT / "benchmarks/gpu/routing_real_result"
 Rows = dict[str, tuple[int, float, float]]
 
 
-def report(name: str) -> tuple[Rows, dict[str, float], str]:
-    """`report` on one recorded run: per strategy (offered, measured %, predicted %), the
-    prediction fitted to the run's probe, and the whole output."""
-    cmd = [sys.executable, str(ROOT / "benchmarks/gpu/routing_real.py"), "report", str(RESULTS / name)]
+def report(*names: str) -> tuple[Rows, dict[str, float], str]:
+    """`report` on recorded runs of one setting: per strategy (offered, measured %, predicted %),
+    the prediction fitted to each run's own probe, and the whole output."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu/routing_real.py"), "report", *(str(RESULTS / n) for n in names)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {
@@ -36,16 +36,21 @@ def report(name: str) -> tuple[Rows, dict[str, float], str]:
 
 
 def test_on_real_engines_the_router_meets_99_percent_where_the_best_model_alone_is_under_80() -> None:
-    """The sixth run (0.65 req/s, the gateway's flight fix, each run its own prompt words): the
-    issue's two goals, as recorded. The router met every objective where the best single model
-    met 73%, and the box model fitted to the run's probe predicts every policy within 3 points."""
-    rows, fitted, out = report("routing_real_gpu_bf16_0.65_run6.json")
+    """The sixth run (0.65 req/s, the gateway's flight fix, each run its own prompt words) and the
+    seventh (the same setting on another H200: the third seed of round-robin and the 27B alone):
+    the issue's two goals, as recorded. The router met every objective where the best single model
+    met 73%, and the box model fitted to each call's own probe predicts every policy within 3
+    points."""
+    rows, fitted, out = report("routing_real_gpu_bf16_0.65_run6.json", "routing_real_gpu_bf16_0.65_run7.json")
     assert {k: v[:2] for k, v in rows.items()} == {
         "router": (112, 100.0),
         "qwen3.6-35b-a3b alone": (112, 73.2),
-        "qwen3.8-27b alone": (73, 46.6),
-        "round-robin": (73, 82.2),
+        "qwen3.8-27b alone": (112, 40.2),
+        "round-robin": (112, 79.5),
     }
+    seeds = re.findall(r"per seed, measured / predicted: (.*)$", out, re.M)
+    assert [re.findall(r"(\d+): ", line) for line in seeds] == [["1", "2", "3"]] * 4  # three seeds of each
+    assert out.count(": probe: this machine's host time") == 2  # each call's host fitted apart
     best_alone = max(rows[s][1] for s in rows if s.endswith(" alone"))
     assert rows["router"][1] >= 99.0 > 80.0 > best_alone
     assert "prompt tokens found cached: measured 0.0%" in out  # no run fed on another's prompts
