@@ -54,7 +54,9 @@ strategy and class, TTFT/TPOT percentiles, rejections, and what the router learn
 The engines' cold start (435 s one after the other, the first bf16 run; they now start side by
 side) is most of one 10-minute device call: `--keep` leaves the gateway running detached for the
 next call, which finds it (`/tmp/routing-real/gateway.json`) and goes straight to the runs;
-`--budget` starts no run that could outlast the call.
+`--budget` starts no run that could outlast the call. The call that starts it carries the Qwen3
+tokenizer (`models/_tokenizer-qwen3`, from `make models`) beside the last staged wheels: the
+prompts are written as words of its vocabulary.
 """
 
 from __future__ import annotations
