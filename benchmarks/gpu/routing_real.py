@@ -799,10 +799,17 @@ def run(a: argparse.Namespace) -> int:
             for strategy in order:
                 if (strategy, seed) in done:
                     continue
-                if time.monotonic() - started + expected_s(doc["runs"], strategy, a.window + a.grace) > a.budget:
+                load = arrivals(workload, a.rate, a.window, seed)
+                cutoff = a.window + a.grace
+                # The box model knows the real shapes only: a dry run's tiny engines wait to the cut-off.
+                guess = (
+                    None
+                    if a.shape == "cpu-tiny"
+                    else predicted_wall(box_run(strategy, load, profiles, a.weights, classes, host), cutoff)
+                )
+                if time.monotonic() - started + expected_s(doc["runs"], strategy, cutoff, guess) > a.budget:
                     print(f"a run would outlast the {a.budget:g} s budget: stopping before {strategy} seed {seed}")
                     return 0
-                load = arrivals(workload, a.rate, a.window, seed)
                 # Each run its own prompt words: the strategies run one after another on the same
                 # engines and arrivals, and until the fifth run each found the documents and
                 # summaries the one before had left in the prefix caches (a 50K-token document's
@@ -889,12 +896,24 @@ def fitted_rate(
     return RATE_GRID[-1]
 
 
-def expected_s(runs: Sequence[dict[str, Any]], strategy: str, cutoff: float) -> float:
-    """How long a run of `strategy` may take: a quarter over its longest measured run (walls
-    varied 0.93-1.23x the box model's), else to the cut-off; plus the wait for the gateway to
-    go idle. The cut-off alone (225 s) left one ~100 s router run per call after the start."""
-    walls = [r["wall_s"] for r in runs if r["strategy"] == strategy]
-    return min(cutoff, 1.25 * max(walls)) + 15 if walls else cutoff + 15
+def expected_s(runs: Sequence[dict[str, Any]], strategy: str, cutoff: float, predicted_s: float | None = None) -> float:
+    """How long a run of `strategy` may take: a quarter over its longest measured run, else over
+    the fitted box model's wall for it (`predicted_wall`: the sixth and seventh runs' walls were
+    0.92-1.10x it), else to the cut-off; plus the wait for the gateway to go idle. The cut-off
+    alone (225 s) left the call that starts the engines no room for a ~70 s run after them."""
+    walls = [float(r["wall_s"]) for r in runs if r["strategy"] == strategy]
+    if walls:
+        return min(cutoff, 1.25 * max(walls)) + 15
+    return min(cutoff, 1.25 * predicted_s) + 15 if predicted_s is not None else cutoff + 15
+
+
+def predicted_wall(recs: Sequence[dict[str, Any]], cutoff: float) -> float:
+    """The box model's wall for a run (`box_run`'s records): its last answer's end, or the
+    cut-off if a request never finished."""
+    done = [r for r in recs if r.get("error") is None]
+    if not done or any("end_s" not in r for r in done):
+        return cutoff
+    return max(float(r["end_s"]) for r in done)
 
 
 def setting(a: argparse.Namespace) -> list[str]:

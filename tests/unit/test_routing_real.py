@@ -191,3 +191,41 @@ def test_each_run_writes_its_prompts_in_its_own_words(tmp_path: Path) -> None:
 
     assert cached_share([{"prompt_tokens": 1_000, "cached_tokens": 100}, {"prompt_tokens": 500}]) == 0.1
     assert cached_share([{"prompt_tokens": 1_000}]) is None  # not recorded
+
+
+def test_the_budget_check_expects_a_first_run_to_take_the_box_model_s_wall() -> None:
+    """`run --budget` on a fresh machine, before any run is measured: a run is expected to take a
+    quarter over the fitted box model's wall for it, not the whole cut-off (which left the call
+    that starts the engines no run after them). On every recorded run of the sixth and seventh,
+    that wall was within 0.9-1.15x the measured one."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu.routing_real import (
+        MODELS,
+        PROBE,
+        box_run,
+        calibration,
+        expected_s,
+        predicted_wall,
+        profile,
+    )
+    from gateway.plan.fleet import DEFAULT_WORKLOAD, arrivals
+
+    ratios = []
+    for name in ("routing_real_gpu_bf16_0.65_run6.json", "routing_real_gpu_bf16_0.65_run7.json"):
+        doc = json.loads((RESULTS / name).read_text())
+        profiles = {s.name: profile(s, doc["weights"]) for s in MODELS}
+        cutoff = doc["window_s"] + doc["grace_s"]
+        host = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE["gpu"])
+        for r in doc["runs"]:
+            load = arrivals(DEFAULT_WORKLOAD, doc["rate"], doc["window_s"], r["seed"])
+            wall = predicted_wall(box_run(r["strategy"], load, profiles, doc["weights"], doc["routing"], host), cutoff)
+            ratios.append(r["wall_s"] / wall)
+            assert expected_s([], r["strategy"], cutoff, wall) >= r["wall_s"] + 15
+    assert len(ratios) == 12 and min(ratios) >= 0.9 and max(ratios) <= 1.15, ratios
+
+    assert expected_s([], "router", 210.0) == 225.0  # nothing to go by: the cut-off
+    assert expected_s([], "router", 210.0, 80.0) == 115.0
+    assert expected_s([], "router", 210.0, 200.0) == 225.0  # never past the cut-off
+    assert expected_s([{"strategy": "router", "wall_s": 40.0}], "router", 210.0, 80.0) == 65.0  # measured first
+    assert predicted_wall([{"end_s": 50.0}, {"end_s": 70.0}, {"error": "slo_unattainable"}], 210.0) == 70.0
+    assert predicted_wall([{"end_s": 50.0}, {"model": "m"}], 210.0) == 210.0  # one never finished
