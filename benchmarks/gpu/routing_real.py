@@ -898,8 +898,8 @@ def fitted_rate(
 
 def expected_s(runs: Sequence[dict[str, Any]], strategy: str, cutoff: float, predicted_s: float | None = None) -> float:
     """How long a run of `strategy` may take: a quarter over its longest measured run, else over
-    the fitted box model's wall for it (`predicted_wall`: the sixth and seventh runs' walls were
-    0.92-1.10x it), else to the cut-off; plus the wait for the gateway to go idle. The cut-off
+    the fitted box model's wall for it (`predicted_wall`: the sixth to eighth runs' walls were
+    0.88-1.12x it), else to the cut-off; plus the wait for the gateway to go idle. The cut-off
     alone (225 s) left the call that starts the engines no room for a ~70 s run after them."""
     walls = [float(r["wall_s"]) for r in runs if r["strategy"] == strategy]
     if walls:

@@ -36,24 +36,39 @@ def report(*names: str) -> tuple[Rows, dict[str, float], str]:
 
 
 def test_on_real_engines_the_router_meets_99_percent_where_the_best_model_alone_is_under_80() -> None:
-    """The sixth run (0.65 req/s, the gateway's flight fix, each run its own prompt words) and the
-    seventh (the same setting on another H200: the third seed of round-robin and the 27B alone):
-    the issue's two goals, as recorded. The router met every objective where the best single model
-    met 73%, and the box model fitted to each call's own probe predicts every policy within 3
-    points."""
-    rows, fitted, out = report("routing_real_gpu_bf16_0.65_run6.json", "routing_real_gpu_bf16_0.65_run7.json")
+    """Six seeds at 0.65 req/s on three H200s: the sixth run (seeds 1-3 of the router and the
+    35B-A3B alone, 1-2 of the others), the seventh (seed 3 of those two) and the eighth (seeds 4-6
+    of every policy, on a third machine). The issue's two goals, as recorded: the router met 99.1%
+    of objectives where the best single model met 65.5%, and the box model fitted to each call's
+    own probe predicts every policy within 3 points."""
+    runs = [f"routing_real_gpu_bf16_0.65_run{n}.json" for n in (6, 7, 8)]
+    rows, fitted, out = report(*runs)
     assert {k: v[:2] for k, v in rows.items()} == {
-        "router": (112, 100.0),
-        "qwen3.6-35b-a3b alone": (112, 73.2),
-        "qwen3.8-27b alone": (112, 40.2),
-        "round-robin": (112, 79.5),
+        "router": (232, 99.1),
+        "qwen3.6-35b-a3b alone": (232, 65.5),
+        "qwen3.8-27b alone": (232, 43.1),
+        "round-robin": (232, 77.6),
     }
     seeds = re.findall(r"per seed, measured / predicted: (.*)$", out, re.M)
-    assert [re.findall(r"(\d+): ", line) for line in seeds] == [["1", "2", "3"]] * 4  # three seeds of each
-    assert out.count(": probe: this machine's host time") == 2  # each call's host fitted apart
+    assert [re.findall(r"(\d+): ", line) for line in seeds] == [["1", "2", "3", "4", "5", "6"]] * 4
+    assert out.count(": probe: this machine's host time") == 3  # each call's host fitted apart
     best_alone = max(rows[s][1] for s in rows if s.endswith(" alone"))
     assert rows["router"][1] >= 99.0 > 80.0 > best_alone
     assert "prompt tokens found cached: measured 0.0%" in out  # no run fed on another's prompts
+    for strategy, (_, measured, _) in rows.items():
+        assert abs(measured - fitted[strategy]) <= 3.0, (strategy, measured, fitted[strategy])
+
+    # The eighth run alone (one machine, seeds 4-6): the router missed two chats of seed 5, the
+    # fitted box model one; the 35B-A3B alone is 15.8 points under the box model from the
+    # datasheet, within 3 once fitted (this host: 0.06 + 0.53 ms per step and per sequence).
+    rows, fitted, _ = report(runs[-1])
+    assert {k: v[1] for k, v in rows.items()} == {
+        "router": 98.3,
+        "qwen3.6-35b-a3b alone": 58.3,
+        "qwen3.8-27b alone": 45.8,
+        "round-robin": 75.8,
+    }
+    assert rows["qwen3.6-35b-a3b alone"][2] - rows["qwen3.6-35b-a3b alone"][1] > 15.0
     for strategy, (_, measured, _) in rows.items():
         assert abs(measured - fitted[strategy]) <= 3.0, (strategy, measured, fitted[strategy])
 
@@ -196,8 +211,8 @@ def test_each_run_writes_its_prompts_in_its_own_words(tmp_path: Path) -> None:
 def test_the_budget_check_expects_a_first_run_to_take_the_box_model_s_wall() -> None:
     """`run --budget` on a fresh machine, before any run is measured: a run is expected to take a
     quarter over the fitted box model's wall for it, not the whole cut-off (which left the call
-    that starts the engines no run after them). On every recorded run of the sixth and seventh,
-    that wall was within 0.9-1.15x the measured one."""
+    that starts the engines no run after them). On every recorded run of the sixth to the eighth,
+    that wall was within 0.85-1.15x the measured one (0.88-1.12x)."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.gpu.routing_real import (
         MODELS,
@@ -211,7 +226,7 @@ def test_the_budget_check_expects_a_first_run_to_take_the_box_model_s_wall() -> 
     from gateway.plan.fleet import DEFAULT_WORKLOAD, arrivals
 
     ratios = []
-    for name in ("routing_real_gpu_bf16_0.65_run6.json", "routing_real_gpu_bf16_0.65_run7.json"):
+    for name in (f"routing_real_gpu_bf16_0.65_run{n}.json" for n in (6, 7, 8)):
         doc = json.loads((RESULTS / name).read_text())
         profiles = {s.name: profile(s, doc["weights"]) for s in MODELS}
         cutoff = doc["window_s"] + doc["grace_s"]
@@ -221,7 +236,7 @@ def test_the_budget_check_expects_a_first_run_to_take_the_box_model_s_wall() -> 
             wall = predicted_wall(box_run(r["strategy"], load, profiles, doc["weights"], doc["routing"], host), cutoff)
             ratios.append(r["wall_s"] / wall)
             assert expected_s([], r["strategy"], cutoff, wall) >= r["wall_s"] + 15
-    assert len(ratios) == 12 and min(ratios) >= 0.9 and max(ratios) <= 1.15, ratios
+    assert len(ratios) == 24 and min(ratios) >= 0.85 and max(ratios) <= 1.15, ratios
 
     assert expected_s([], "router", 210.0) == 225.0  # nothing to go by: the cut-off
     assert expected_s([], "router", 210.0, 80.0) == 115.0
