@@ -1068,8 +1068,10 @@ def report(a: argparse.Namespace) -> int:
                 )
                 print(f"    decode measured / predicted (median TPOT ratio): {line}")
             for side, s in (("measured", measured), ("predicted", pred)):
+                # Goodput as benchmarks/routing.py counts it: objectives met per second of arrivals.
                 print(
-                    f"    {side:<10} rejected {s['rejected']} unfinished {s['unfinished']} errors {s['errors']}"
+                    f"    {side:<10} goodput {s['met'] / (window * len(runs)):.3f} req/s"
+                    f" rejected {s['rejected']} unfinished {s['unfinished']} errors {s['errors']}"
                     f" TTFT p50/p95/p99 {s['ttft_p50']}/{s['ttft_p95']}/{s['ttft_p99']} s"
                     f" chat TPOT p50/p95 {s['chat_tpot_p50']}/{s['chat_tpot_p95']} s by model {s['by_model']}"
                 )

@@ -57,6 +57,10 @@ def test_on_real_engines_the_router_meets_99_percent_where_the_best_model_alone_
     assert "prompt tokens found cached: measured 0.0%" in out  # no run fed on another's prompts
     for strategy, (_, measured, _) in rows.items():
         assert abs(measured - fitted[strategy]) <= 3.0, (strategy, measured, fitted[strategy])
+    # Goodput: objectives met per second of arrivals (six 60 s windows).
+    goodput = dict(zip(rows, map(float, re.findall(r"measured   goodput ([\d.]+) req/s", out)), strict=True))
+    assert goodput["router"] == pytest.approx(230 / 360, abs=5e-4)
+    assert goodput["router"] > 1.4 * max(goodput[s] for s in rows if s.endswith(" alone"))
 
     # The eighth run alone (one machine, seeds 4-6): the router missed two chats of seed 5, the
     # fitted box model one; the 35B-A3B alone is 15.8 points under the box model from the
