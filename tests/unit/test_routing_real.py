@@ -218,26 +218,18 @@ def test_the_budget_check_expects_a_first_run_to_take_the_box_model_s_wall() -> 
     that starts the engines no run after them). On every recorded run of the sixth to the eighth,
     that wall was within 0.85-1.15x the measured one (0.88-1.12x)."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.gpu.routing_real import (
-        MODELS,
-        PROBE,
-        box_run,
-        calibration,
-        expected_s,
-        predicted_wall,
-        profile,
-    )
-    from gateway.plan.fleet import DEFAULT_WORKLOAD, arrivals
+    from benchmarks.gpu.routing_real import PROBE, calibration, expected_s, predicted_wall, replay
+    from gateway.settings import LatencyProfile
 
     ratios = []
     for name in (f"routing_real_gpu_bf16_0.65_run{n}.json" for n in (6, 7, 8)):
         doc = json.loads((RESULTS / name).read_text())
-        profiles = {s.name: profile(s, doc["weights"]) for s in MODELS}
+        profiles = {k: LatencyProfile(**v) for k, v in doc["profiles"].items()}
         cutoff = doc["window_s"] + doc["grace_s"]
         host = calibration(doc["probe"], profiles, doc["weights"], doc["routing"], PROBE["gpu"])
         for r in doc["runs"]:
-            load = arrivals(DEFAULT_WORKLOAD, doc["rate"], doc["window_s"], r["seed"])
-            wall = predicted_wall(box_run(r["strategy"], load, profiles, doc["weights"], doc["routing"], host), cutoff)
+            (recs,) = replay(doc, r["strategy"], [r], host)
+            wall = predicted_wall(recs, cutoff)
             ratios.append(r["wall_s"] / wall)
             assert expected_s([], r["strategy"], cutoff, wall) >= r["wall_s"] + 15
     assert len(ratios) == 24 and min(ratios) >= 0.85 and max(ratios) <= 1.15, ratios
