@@ -793,6 +793,7 @@ def run(a: argparse.Namespace) -> int:
         doc = document(a, dest, work, profiles) | found
         doc.setdefault("startup_s", []).append(round(up, 1))
         workload = WORKLOADS[a.shape]
+        cutoff = a.window + a.grace
         done = {(r["strategy"], r["seed"]) for r in doc["runs"]}
         order = a.only or strategies()
         for seed in a.seeds:
@@ -800,7 +801,6 @@ def run(a: argparse.Namespace) -> int:
                 if (strategy, seed) in done:
                     continue
                 load = arrivals(workload, a.rate, a.window, seed)
-                cutoff = a.window + a.grace
                 # The box model knows the real shapes only: a dry run's tiny engines wait to the cut-off.
                 guess = (
                     None
@@ -816,7 +816,7 @@ def run(a: argparse.Namespace) -> int:
                 # first token in 0.27 s against 3.3 s predicted).
                 shift = secrets.randbelow(len(words.words) - 1) + 1
                 recs, learned, wall = asyncio.run(drive(port, strategy, load, a.window, a.grace, words, shift))
-                s = summary(recs, a.window + a.grace, doc["routing"])
+                s = summary(recs, cutoff, doc["routing"])
                 doc["runs"].append(
                     {
                         "strategy": strategy,
