@@ -48,7 +48,7 @@ class ModelSpec:
     """One served model: what a token costs in bytes and FLOPs."""
 
     name: str
-    total_params: float  # resident parameters (Flash-Next's NVMe n-gram table excluded)
+    total_params: float  # resident parameters (Flash-Next's n-gram table excluded: `ple_table_params`)
     active_params: float  # multiplied per token, lm_head included, embeddings excluded
     lm_head_params: float  # part of active_params, only computed for sampled positions
     weight_dtype: WeightDtype = "nvfp4"
@@ -64,6 +64,18 @@ class ModelSpec:
     linear_state_bytes: int  # GDN recurrent + conv state of one sequence, all linear layers
     spec: SpecDecode
     kv_budget_gib: float  # KV pool at --gpu-memory-utilization 0.8 (from the box's logs)
+    # Bytes per token per full-attention layer kept beside K/V whatever the KV dtype (Qwen4Exp's
+    # QSA compressed indexer keys: 64); 0 for plain attention.
+    indexer_bytes_per_token: int = 0
+    # KV cache groups of recurrent state (GDN, short conv) whose blocks the box model draws from
+    # the pool as vLLM 0.32 does, and per-request ring groups (one block for a request's life,
+    # never prefix-cached). 0: the linear state is reserved per sequence slot outside the pool
+    # (the Qwen3.6 figures were fitted and pinned that way; BoxSim).
+    state_groups: int = 0
+    ring_groups: int = 0
+    # Parameters of an n-gram embedding table outside `total_params` (read-only information for
+    # the memory plan: where the table lives is a serving choice, not part of the step physics).
+    ple_table_params: float = 0.0
     notes: str = ""
 
     @property
@@ -95,7 +107,9 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.full_attention_layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+        """K/V of every full-attention layer, plus what those layers keep per token beside it."""
+        per_layer = 2 * self.kv_heads * self.head_dim * self.kv_dtype_bytes + self.indexer_bytes_per_token
+        return self.full_attention_layers * per_layer
 
     @property
     def weight_bytes(self) -> float:
@@ -104,8 +118,9 @@ class ModelSpec:
     @property
     def vllm_block_size(self) -> int:
         """The KV block vLLM gives this model: 16 tokens, or for a hybrid model the attention
-        block stretched (in 16-token steps) until one layer's page holds one linear-attention
-        layer's state: 2,096 / 1,568 tokens for the Qwen3.6 shapes with FP8 KV."""
+        block stretched (in 16-token steps) until one layer's K/V page holds one linear-attention
+        layer's state (vLLM's CUDA rule, vllm/platforms/interface.py; the CPU build starts at
+        128): 2,096 / 1,568 / 3,136 tokens for the 35B-A3B, 27B and Flash-Next with FP8 KV."""
         linear = self.layers - self.full_attention_layers
         if not self.linear_state_bytes or linear <= 0:
             return 16
@@ -177,36 +192,66 @@ MODELS: dict[str, ModelSpec] = {
         ),
         kv_budget_gib=65.0,
     ),
-    # Flash-Next's shape is not public. Assumed Qwen3-Next-80B-like attention: 48 layers (12 full
-    # attention), 16 query / 2 KV heads of 256, 512 experts with 10 routed; 118B in experts + ~3.7B per-token
-    # non-expert weights (lm_head ~1.0B) = ~6B active. The 51B n-gram embedding lives on NVMe
-    # (VLLM_PLE_TABLE_MEMORY=disk): a few rows per token, never streamed per step.
+    # Flash-Next is vLLM 0.32's Qwen4Exp architecture (vllm/models/qwen4_exp/; its kernels say
+    # "tuned on SM100f for Qwen3.8-Flash-Next"). No official config.json is public; the shape is read
+    # from vLLM 0.32's sources and the public GGUF metadata, which agree (reference:
+    # /work/shared/reference/flash-next.md, issue 41):
+    # - nvidia/low_latency_gemm.py:27-140 (TP=4 decode GEMM plans, widths x4): GDN QKVZ
+    #   16384 = 2*16*128 + 2*48*128 (16 key / 48 value heads of 128), B/A 96 = 2*48; out proj
+    #   6144 = 48*128 = 24 q heads * 256; QSA QKV+gate 2*24*256, K/V 2 heads * 256, indexer
+    #   (4+1)*128; shared expert 640; lm_head 248320 x 2560 (hidden 2560).
+    # - model_executor/layers/fused_moe/oracle/mxfp4.py:585-590: routed experts E=512, H=2560, N=640.
+    # - GGUF metadata: block_count 49 (48 + 1 MTP layer), head_count 24, head_count_kv 2,
+    #   key_length 256, embedding 2560, experts 512 / 640 used 10 (+ 1 shared), ssm inner 6144,
+    #   group 16, indexer 4 heads x 128, compress_ratios 4 on every 4th layer; vocab 248,320.
+    #   Public pages (SGLang, NVIDIA Dynamo, Unsloth): 125B + 51B n-gram table (+4B MTP), 6B active.
+    # KV (nvidia/qsa.py:543, common/qsa_cache.py:844,868, nvidia/model.py:797-849): 12 QSA layers
+    # keep K/V (2 x 2 x 256 per token) and compressed indexer keys (head 128, bf16, one state per 4
+    # tokens: 64 B per token, whatever the KV dtype): 13,056 B per token with FP8 KV. 36 GDN layers
+    # hold conv (3, 10240) bf16 + ssm (48, 128, 128) fp32 = 3,207,168 B each, so vLLM's block is
+    # 3,136 tokens on CUDA with FP8 KV, and one block id costs 12 x (3136 x 1024 + 3136 x 64) =
+    # 40,943,616 B (v1/core/kv_cache_utils.py packs one layer of each group per block).
+    # Groups (measured with vLLM 0.32's scheduler, model on the meta device): 3 GDN (12 layers
+    # each), 1 PLE short-conv state (layer 2, MambaSpec (9, 10240)), 1 QSA raw-key ring
+    # (CircularBufferSpec: one block per request, not prefix-cacheable), 1 attention (12 K/V +
+    # 12 compressed). A request peaks at 6 blocks if its tokens fit one block, else F + 9 with
+    # prefix caching (mamba "align": 4 state groups x 2 + the ring), F + 5 without.
+    # Params counted from that shape: experts 48 x 512 x 3 x 2560 x 640 = 120.8B, GDN 2.09B, QSA
+    # 0.62B, shared experts 0.24B, routers 0.06B, embedding and lm_head 0.64B each: 125.1B resident
+    # (the ~4B MTP module not counted, as before); per token 10 of 512 experts (2.36B) + 3.64B
+    # (lm_head included) = 6.0B. The PLE n-gram table (320,001,536 x 160 = 51.2B params,
+    # ngram_embedding.py:122-139) is not in total_params: `ple_table_params`.
     "Qwen3.8-Flash-Next": ModelSpec(
         name="Qwen3.8-Flash-Next",
-        total_params=125e9,
+        total_params=125.1e9,
         active_params=6.0e9,
-        lm_head_params=248320 * 4096,
+        lm_head_params=248320 * 2560,
         num_experts=512,
         experts_per_token=10,
-        expert_params=118e9,
+        expert_params=48 * 512 * 3 * 2560 * 640,
         layers=48,
         full_attention_layers=12,
-        q_heads=16,
+        q_heads=24,
         kv_heads=2,
         head_dim=256,
         kv_dtype_bytes=1,
-        linear_state_bytes=_gdn_state_bytes(36, 32, conv_dim=8192),
+        linear_state_bytes=_gdn_state_bytes(36, 48, conv_dim=10240),
+        indexer_bytes_per_token=128 * 2 // 4,  # compressed keys: head 128, bf16, 1 per 4 tokens
+        state_groups=4,  # 3 GDN groups of 12 layers + the PLE short-conv state
+        ring_groups=1,  # the QSA raw-key ring
+        ple_table_params=320_001_536 * 160,
         spec=SpecDecode(
             kind="mtp",
             draft_tokens=4,
             acceptance=0.70,
-            # The 4B MTP module is one MoE block: per pass it reads attention + 10 routed experts.
-            draft_params=110e6 + 10 * 118e9 / 48 / 512,
-            draft_flops_params=110e6 + 11 * 118e9 / 48 / 512,
+            # The MTP module is one MoE block: per pass it reads attention + 10 routed experts.
+            draft_params=110e6 + 10 * 3 * 2560 * 640,
+            draft_flops_params=110e6 + 11 * 3 * 2560 * 640,
             source="assumption: a 4-deep MTP chain accepts less per token than a 3-deep one "
             "(later drafts condition on earlier guesses); alpha=0.70 at k=4 gives 2.8 tokens",
         ),
         kv_budget_gib=17.33,
-        notes="shape assumed; n-gram embedding on NVMe not modelled per step",
+        notes="shape from vLLM 0.32's Qwen4Exp and public metadata; QSA's sparse attention "
+        "(top-2048 budget) and the n-gram table not modelled per step",
     ),
 }

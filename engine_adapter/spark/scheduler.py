@@ -2,7 +2,9 @@
 
 FCFS, chunked prefill with decodes first, max_num_seqs, the block pool (block_pool.py),
 no preemption: a request is admitted only when its peak fits; for hybrid models with prefix
-caching, vLLM's Mamba "align" mode (prefill chunks end on block boundaries).
+caching, vLLM's Mamba "align" mode (prefill chunks end on block boundaries). A model whose
+catalogue entry lists its state groups (`ModelSpec.state_groups`, `ring_groups`: Flash-Next)
+has its per-request state blocks counted as vLLM 0.32 counts them (`BoxSim.state_blocks`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engine_adapter.base import KVGroup, KVSpec
 from engine_adapter.spark.block_pool import BlockPool, block_hashes, cdiv
@@ -53,8 +56,10 @@ class _Request:
     arrival: float
     salt: str | None
     hashes: list[bytes]
-    peak_blocks: int  # blocks the sequence holds at its peak: cdiv(P + M - 1, bs)
-    blocks: list[int] = field(default_factory=list)
+    peak_blocks: int  # blocks the sequence holds at its peak: cdiv(P + M - 1, bs), + state blocks
+    full_blocks: int  # the attention blocks of that peak: cdiv(P + M - 1, bs)
+    blocks: list[int] = field(default_factory=list)  # attention blocks, in prompt order
+    state: list[int] = field(default_factory=list)  # state and ring blocks (`BoxSim.state_blocks`)
     computed: int = 0  # prompt tokens whose KV exists (cached or computed)
     cached_tokens: int = 0
     generated: int = 0
@@ -105,7 +110,11 @@ class BoxSim:
     order while a sequence slot, token budget and KV blocks remain. Admission reserves a
     request's whole peak, so nothing is ever preempted; a request that does not fit waits.
     The linear-attention state of max_num_seqs sequences is reserved from the KV budget up
-    front (as vLLM's Mamba cache is per slot), so the block pool holds attention KV only.
+    front (as vLLM's Mamba cache is per slot), so the block pool holds attention KV only;
+    except for a model whose catalogue entry lists its state groups (Flash-Next): on vLLM's own
+    block (`ModelSpec.vllm_block_size` or more) each request holds its state blocks in the pool
+    (`state_blocks`), and on a smaller one (the box model's 16 tokens) what those blocks weigh at
+    vLLM's block is reserved per slot.
 
     A model with linear-attention layers and prefix caching on runs as vLLM's mamba_cache_mode
     "align" (`_aligned`): a prefill chunk that does not finish the prompt's full blocks ends on a
@@ -124,14 +133,16 @@ class BoxSim:
         if budget <= 0:
             raise ValueError(f"{model.name}'s weights leave no KV on the {box.name}")
         self.kv_cache_bytes = budget
-        pool_bytes = budget - self.config.max_num_seqs * model.linear_state_bytes
+        # vLLM runs hybrid models with prefix caching in mamba_cache_mode "align".
+        self.mamba_align = model.linear_state_bytes > 0 and self.config.enable_prefix_caching
+        # The state groups draw blocks from the pool, as in vLLM, only where a block page holds a state.
+        self.pooled_state = model.state_groups > 0 and self.block_size >= self.model.vllm_block_size
+        pool_bytes = budget - self.config.max_num_seqs * self._slot_state_bytes()
         if pool_bytes < 2 * self.bytes_per_block:
             raise ValueError(
                 f"KV budget {budget} B cannot hold the linear state of {self.config.max_num_seqs} sequences"
             )
         self.pool = BlockPool(pool_bytes // self.bytes_per_block)
-        # vLLM runs hybrid models with prefix caching in mamba_cache_mode "align".
-        self.mamba_align = model.linear_state_bytes > 0 and self.config.enable_prefix_caching
         if self.mamba_align:
             self._check_align()
         self.now = 0.0
@@ -143,6 +154,27 @@ class BoxSim:
         self.generation_tokens = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+
+    def _slot_state_bytes(self) -> int:
+        """What one sequence slot reserves outside the pool for its state: the catalogue's linear
+        state; for a model with listed state groups on a block too small to hold one, its peak
+        state blocks at the weight of vLLM's block; nothing when those blocks are in the pool."""
+        m = self.model
+        if m.state_groups == 0:
+            return m.linear_state_bytes
+        if self.pooled_state:
+            return 0
+        return self.state_blocks(2) * m.kv_bytes_per_token * m.vllm_block_size
+
+    def state_blocks(self, full_blocks: int) -> int:
+        """Pool blocks a request holds at its peak besides its `full_blocks` attention blocks, in
+        vLLM 0.32 (v1/core/single_type_kv_cache_manager.py, measured on its scheduler with the
+        Flash-Next shape, issue 41): each ring group one; each state group one, or in mamba_cache_mode
+        "align" two once the request spans more than one block (the previous state block stays for
+        the step that crosses into the next). Flash-Next: 6 if F = 1, else F + 9 (align) or F + 5."""
+        m = self.model
+        per_group = 2 if self.mamba_align and full_blocks > 1 else 1
+        return m.state_groups * per_group + m.ring_groups
 
     def _check_align(self) -> None:
         """Refuse align-mode settings under which a long prompt could never get a chunk."""
@@ -181,23 +213,50 @@ class BoxSim:
 
     def kv_spec(self) -> KVSpec:
         """The pool as `policies.kv` reads it: one full-attention group over the full-attention
-        layers (the linear state is reserved outside the pool, so it costs no blocks)."""
+        layers (the linear state is reserved outside the pool, so it costs no blocks); with the
+        state in the pool (`pooled_state`), also its state groups, and each ring as a state group
+        that never aligns (one block for the request's life, as `state_blocks` counts it)."""
         m = self.model
-        page = 2 * self.block_size * m.kv_heads * m.head_dim * m.kv_dtype_bytes
+        page = self.block_size * (2 * m.kv_heads * m.head_dim * m.kv_dtype_bytes + m.indexer_bytes_per_token)
+        groups = [
+            KVGroup(
+                kind="full_attention",
+                num_layers=m.full_attention_layers,
+                block_size=self.block_size,
+                page_bytes_per_layer=page,
+            )
+        ]
+        if self.pooled_state:
+            linear = m.layers - m.full_attention_layers
+            state_page = linear and m.linear_state_bytes // linear
+            mode: Literal["none", "align"] = "align" if self.mamba_align else "none"
+            groups += [
+                KVGroup(
+                    kind="linear_attention",
+                    num_layers=m.full_attention_layers,
+                    block_size=self.block_size,
+                    page_bytes_per_layer=state_page,
+                    mamba_mode=mode,
+                )
+                for _ in range(m.state_groups)
+            ]
+            groups += [
+                KVGroup(
+                    kind="linear_attention",
+                    num_layers=m.full_attention_layers,
+                    block_size=self.block_size,
+                    page_bytes_per_layer=page,
+                    mamba_mode="none",
+                )
+                for _ in range(m.ring_groups)
+            ]
         return KVSpec(
             block_size=self.block_size,
             num_blocks=self.pool.num_blocks,
             bytes_per_block=self.bytes_per_block,
             kv_cache_bytes=self.pool.num_blocks * self.bytes_per_block,
             cache_dtype="fp8" if m.kv_dtype_bytes == 1 else "bfloat16",
-            groups=(
-                KVGroup(
-                    kind="full_attention",
-                    num_layers=m.full_attention_layers,
-                    block_size=self.block_size,
-                    page_bytes_per_layer=page,
-                ),
-            ),
+            groups=tuple(groups),
             max_model_len=self.config.max_model_len,
             prefix_caching=self.config.enable_prefix_caching,
             max_num_seqs=self.config.max_num_seqs,
@@ -208,7 +267,7 @@ class BoxSim:
     def blocks_held(self, request_id: str) -> int:
         for r in self._running:
             if r.request_id == request_id:
-                return len(r.blocks)
+                return len(r.blocks) + len(r.state)
         return 0
 
     # -- requests -----------------------------------------------------------------------
@@ -227,7 +286,8 @@ class BoxSim:
             raise ValueError("a request needs at least one prompt token and max_tokens >= 1")
         if len(prompt_token_ids) + max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt + max_tokens exceed max_model_len {self.config.max_model_len}")
-        peak = cdiv(len(prompt_token_ids) + max_tokens - 1, self.block_size)
+        full = cdiv(len(prompt_token_ids) + max_tokens - 1, self.block_size)
+        peak = full + (self.state_blocks(full) if self.pooled_state else 0)
         if peak > self.pool.usable:
             raise ValueError(f"request needs {peak} KV blocks, the pool has {self.pool.usable}")
         arrival = self.now if arrival_time is None else arrival_time
@@ -240,6 +300,7 @@ class BoxSim:
             salt=cache_salt,
             hashes=block_hashes(prompt_token_ids, self.block_size, cache_salt) if caching else [],
             peak_blocks=peak,
+            full_blocks=full,
         )
         self._ids.add(request_id)
         if arrival > self.now:
@@ -266,7 +327,7 @@ class BoxSim:
     # -- the step -------------------------------------------------------------------------
 
     def _outstanding(self) -> int:
-        return sum(r.peak_blocks - len(r.blocks) for r in self._running)
+        return sum(r.peak_blocks - len(r.blocks) - len(r.state) for r in self._running)
 
     def _cache_hits(self, req: _Request) -> list[int]:
         """The cached blocks of the request's prompt prefix that admission would take."""
@@ -292,17 +353,23 @@ class BoxSim:
         return True
 
     def _grow(self, req: _Request, kv_tokens: int) -> None:
-        """Hold blocks for `kv_tokens` tokens of KV (never past the reserved peak)."""
-        want = min(cdiv(kv_tokens, self.block_size), req.peak_blocks)
+        """Hold blocks for `kv_tokens` tokens of KV (never past the reserved peak), and the state
+        blocks for that many attention blocks."""
+        want = min(cdiv(kv_tokens, self.block_size), req.full_blocks)
         while len(req.blocks) < want:
             req.blocks.append(self.pool.allocate())
+        if self.pooled_state:
+            while len(req.state) < self.state_blocks(len(req.blocks)):
+                req.state.append(self.pool.allocate())
         full = min(req.computed, req.prompt_len) // self.block_size
         for i in range(min(full, len(req.hashes))):
             self.pool.register(req.blocks[i], req.hashes[i])
 
     def _finish(self, req: _Request) -> None:
         self.pool.release(req.blocks)
+        self.pool.release(req.state)
         req.blocks = []
+        req.state = []
         self._ids.discard(req.request_id)
 
     def _release_arrivals(self) -> None:

@@ -28,6 +28,7 @@ from engine_adapter.spark import (
     step_cost,
 )
 from gateway.settings import load_box
+from policies import kv
 from tests.conftest import ROOT
 
 MOE = MODELS["Qwen3.6-35B-A3B"]
@@ -192,6 +193,34 @@ def test_vllm_stretches_a_hybrid_models_block_until_a_page_holds_a_layers_linear
     # BF16 KV: twice the bytes a token, about half the tokens (in 16-token steps).
     assert MODELS["Qwen3.6-35B-A3B"].served(Serving(kv_dtype="bf16")).vllm_block_size == 1056
     assert dataclasses.replace(MODELS["Qwen3.8-27B"], linear_state_bytes=0).vllm_block_size == 16
+
+
+def test_flash_next_has_vllm_032s_qwen4exp_kv_layout() -> None:
+    # vLLM 0.32's scheduler on the real shape (meta device, CUDA rule, FP8 KV; issue 41):
+    # 13,056 B a token, 3,136-token blocks of 40,943,616 B, 472 of them in 18 GiB.
+    m = MODELS["Qwen3.8-Flash-Next"]
+    assert m.kv_bytes_per_token == 13056 and m.linear_state_bytes == 36 * 3_207_168
+    assert m.vllm_block_size == 3136
+    assert m.served(Serving(kv_dtype="bf16")).kv_bytes_per_token == 12 * (2048 + 64)  # indexer keys stay bf16
+    assert m.lm_head_params == 248320 * 2560 and m.ple_table_params == 320_001_536 * 160
+    for caching, peaks in ((True, [6, 6, 11, 13, 19]), (False, [6, 6, 7, 9, 15])):
+        config = SimConfig(
+            kv_cache_bytes=19_327_352_832,
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=caching,
+            serving=Serving(block_size=3136),
+        )
+        sim = BoxSim(m, config=config)
+        spec = sim.kv_spec()
+        assert (sim.pool.num_blocks, spec.bytes_per_block, len(spec.groups)) == (472, 40_943_616, 6)
+        shapes = [(100, 1), (3136, 1), (3137, 1), (10000, 100), (30000, 500)]
+        assert [kv.sequence_peaks(spec, p, n)[0] for p, n in shapes] == peaks
+        assert [1 + sim.state_blocks(kv.cdiv(p + n - 1, 3136)) for p, n in shapes[:2]] == peaks[:2]
+        assert [kv.cdiv(p + n - 1, 3136) + sim.state_blocks(2) for p, n in shapes[2:]] == peaks[2:]
+    # On the box model's 16-token blocks the state's blocks are reserved per slot instead.
+    sim = BoxSim(m)
+    assert not sim.pooled_state and len(sim.kv_spec().groups) == 1
+    assert sim.pool.num_blocks == (int(17.33 * GiB) - 4 * 9 * 40_943_616) // (16 * 13056)
 
 
 def test_a_synchronous_scheduler_waits_for_the_hosts_work_each_step() -> None:
