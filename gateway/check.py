@@ -42,12 +42,16 @@ CODES = (
     "tokenizer",
     "token_env",
     "kv_cache",
+    "hybrid_server",
 )
 # What --skip-local leaves out: facts of this machine, not of the config.
 LOCAL_CHECKS = ("model directories", "tokenizer files", "KV pool against config.json", "token environment variables")
 IN_PROCESS = ("vllm", "replay")  # engines on this gateway's own hardware (simulated ones model any box)
 _TOKENIZER_VOCAB = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+# Architectures whose layers are not all full attention (Gated DeltaNet / Mamba state groups).
+HYBRID_ARCHITECTURES = ("Qwen3Next", "Qwen3_5", "Qwen4Exp", "Mamba", "Jamba", "NemotronH", "FalconH1", "Zamba")
+_FULL_ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
 MiB = 1024**2
 
 
@@ -106,6 +110,7 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
         *_engine_problems(settings),
         *_remote_problems(settings),
         *_placement_problems(settings),
+        *_hybrid_server_problems(settings, read_local=not skip_local),
     ]
     plan_problems, memory = _memory_plan(settings)
     problems += plan_problems
@@ -288,6 +293,60 @@ def _address_problem(address: str, example: str = "http://spark-2:8001") -> str 
         return f"has no host (e.g. {example})"
     if port is None:
         return f"has no port: the server's (e.g. {example})"
+    return None
+
+
+def _hybrid_server_problems(s: Settings, *, read_local: bool) -> list[Problem]:
+    """A stock vLLM server publishes only its block count (/metrics), so the gateway counts its
+    pool as one full-attention group: for a hybrid model (linear-attention / Mamba state groups,
+    Flash-Next's ring) that undercounts every request's blocks, and admission over-admits."""
+    problems = []
+    for m in s.models:
+        if m.engine != "vllm-server":
+            continue
+        why = _hybrid_evidence(s, m, read_local=read_local)
+        if why is None:
+            continue
+        msg = (
+            f"model {m.name!r}: engine vllm-server cannot count a hybrid model's KV exactly ({why}): a stock "
+            "vLLM server publishes one block count, and this gateway would count its pool as one "
+            "full-attention group, missing the per-request state blocks (linear-attention/Mamba groups, "
+            "rings), so it over-admits and vLLM preempts. Serve it with `sparkgate engine-host` "
+            "(engine: remote) or in-process (engine: vllm), which read the groups from vLLM's own "
+            "kv_cache_config; vllm-server would be exact only if it read those groups from the server"
+        )
+        problems.append(Problem("hybrid_server", msg))
+    return problems
+
+
+def _hybrid_evidence(s: Settings, m: ModelSettings, *, read_local: bool) -> str | None:
+    """Why the model is hybrid (its config.json, else the box model's catalogue), or None."""
+    if read_local:
+        try:
+            cfg = json.loads((s.model_path(m) / "config.json").read_text())
+        except (OSError, ValueError):
+            cfg = None
+        if isinstance(cfg, dict):
+            return _hybrid_in_config(cfg)
+    from engine_adapter.spark import MODELS
+
+    for key, spec in MODELS.items():
+        named = key.lower() in (m.name.lower(), Path(m.path).name.lower()) or key.lower() in m.path.lower()
+        if named and spec.layers > spec.full_attention_layers:
+            full = spec.full_attention_layers
+            return f"the box model's {key}: {spec.layers} layers, {full} of them full attention"
+    return None
+
+
+def _hybrid_in_config(cfg: dict[str, Any]) -> str | None:
+    sub = cfg.get("text_config")
+    text: dict[str, Any] = sub if isinstance(sub, dict) else cfg
+    kinds = sorted({str(t) for t in text.get("layer_types") or () if t not in _FULL_ATTENTION_TYPES})
+    if kinds:
+        return f"config.json layer_types has {', '.join(kinds)}"
+    archs = [str(a) for a in cfg.get("architectures") or ()]
+    if hybrid := [a for a in archs if a.startswith(HYBRID_ARCHITECTURES)]:
+        return f"config.json architecture {hybrid[0]}"
     return None
 
 
@@ -561,6 +620,12 @@ def _box_lines(s: Settings, memory: MemoryPlan | PlanDoesNotFit | None) -> list[
         lines.append(f"memory plan of this gateway's box{where}: does not fit (see the errors)")
     elif s.box is None:
         lines.append("memory plan: none (no box: section; each engine's KV is its kv_cache_bytes or vLLM's default)")
+    lines += [
+        f"requires: {m.ple_table.requires_build} for model {m.name!r} (ple_table.placement disk; "
+        "stock vLLM 0.32 keeps the table in memory)"
+        for m in s.local_models()
+        if m.ple_table is not None and m.ple_table.requires_build
+    ]
     return lines
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
-from policies.memory_plan import MemoryPlan, ModelMemory, PlanDoesNotFit, plan_memory
+from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
 
 if TYPE_CHECKING:
     from engine_adapter.spark import BoxSpec, Serving
@@ -308,6 +308,55 @@ class VllmServerSettings(_Model):
     read_timeout_s: float = Field(300.0, gt=1)
 
 
+class PleTableSettings(_Model):
+    """A per-layer n-gram embedding table (Qwen4Exp's PLE, Qwen3.8-Flash-Next: 320,001,536 x 160
+    = 51.2B parameters, 95.37 GiB BF16, 47.68 GiB FP8). Where vLLM keeps it decides whether it
+    counts against the box: stock vLLM 0.32 has `host` (pinned host memory,
+    `--engram-config '{"cpu_offload": true}'`, its default) and `device` (cpu_offload false),
+    the same LPDDR5X on a DGX Spark. `disk` (file-backed, through the page cache) exists only in
+    builds that are not stock vLLM 0.32 (the b12x fork's VLLM_PLE_TABLE_MEMORY=disk; upstream
+    vllm#54070 and #54129 were open): name that build in `requires_build`."""
+
+    rows: int = Field(gt=0)
+    dim: int = Field(gt=0)
+    dtype: Literal["bf16", "fp8"] = "fp8"
+    placement: Literal["host", "device", "disk"] = "host"
+    requires_build: str | None = None
+
+    @model_validator(mode="after")
+    def _disk_needs_a_build(self) -> PleTableSettings:
+        if self.placement == "disk" and not self.requires_build:
+            raise ValueError(
+                "ple_table.placement disk: stock vLLM 0.32 has no disk-backed n-gram table (only host "
+                "and device, which on a DGX Spark are the same memory); name the vLLM build that has it "
+                "in ple_table.requires_build, or use placement host or device"
+            )
+        if self.placement != "disk" and self.requires_build:
+            raise ValueError(f"ple_table.requires_build is for placement disk only (placement is {self.placement})")
+        return self
+
+    def table(self) -> PleTable:
+        return PleTable(
+            rows=self.rows, dim=self.dim, dtype=self.dtype, placement=self.placement, requires_build=self.requires_build
+        )
+
+
+class KvBlockSettings(_Model):
+    """The engine's KV pool geometry, for a pool counted in whole blocks (vLLM's kv_cache_config:
+    Flash-Next on vLLM 0.32, CUDA, FP8 KV: 40,943,616 B per block of 3,136 tokens), and its
+    per-request state groups: each state group (GDN, PLE short conv) holds 2 blocks with prefix
+    caching (mamba align), 1 without; each ring group 1 (Flash-Next: 4 and 1, so 9 or 5)."""
+
+    block_bytes: int = Field(gt=0)
+    block_tokens: int = Field(gt=0)
+    state_groups: int = Field(0, ge=0)
+    ring_groups: int = Field(0, ge=0)
+
+    def blocks(self, *, prefix_caching: bool) -> KvBlocks:
+        state = self.state_groups * (2 if prefix_caching else 1) + self.ring_groups
+        return KvBlocks(block_bytes=self.block_bytes, block_tokens=self.block_tokens, state_blocks=state)
+
+
 class RestartSettings(_Model):
     """What happens when a model's engine dies: restarts with exponential backoff, until it
     has died `max_deaths` times within `window_s`; then it stays down (see /ready)."""
@@ -345,6 +394,13 @@ class ModelSettings(_Model):
     # What the model costs the box besides KV (the memory plan needs these when `box` is set).
     weights_bytes: int | None = None
     overhead_bytes: int = 0
+    # A per-layer n-gram embedding table (Flash-Next), counted by dtype and placement.
+    ple_table: PleTableSettings | None = None
+    # The KV pool in whole blocks with per-request state blocks (hybrid models): see KvBlockSettings.
+    kv_blocks: KvBlockSettings | None = None
+    # Tensor parallelism over this many boxes (vLLM's multi-node launch): this box holds 1/N of
+    # the weights, the n-gram table and the KV pool.
+    box_shards: int = Field(1, ge=1)
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
@@ -719,16 +775,7 @@ class Settings(BaseSettings):
         return plan_memory(
             total=self.box.memory,
             reserved=self.box.reserved,
-            models=[
-                ModelMemory(
-                    name=m.name,
-                    weights=m.weights_bytes or 0,
-                    overhead=m.overhead_bytes,
-                    kv_cache=m.kv_cache_bytes,
-                    kv_share=m.kv_share,
-                )
-                for m in self.local_models()
-            ],
+            models=[model_memory(m) for m in self.local_models()],
         )
 
     def local_models(self) -> tuple[ModelSettings, ...]:
@@ -772,6 +819,27 @@ class Settings(BaseSettings):
     def model_path(self, model: ModelSettings) -> Path:
         p = Path(model.path)
         return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+# vLLM's larger default step (the OpenAI server's on a GPU), where max_num_batched_tokens is unset.
+DEFAULT_STEP_TOKENS = 8192
+
+
+def model_memory(m: ModelSettings) -> ModelMemory:
+    """What the memory plan counts for one model's engine on this box."""
+    return ModelMemory(
+        name=m.name,
+        weights=m.weights_bytes or 0,
+        overhead=m.overhead_bytes,
+        kv_cache=m.kv_cache_bytes,
+        kv_share=m.kv_share,
+        ple=None if m.ple_table is None else m.ple_table.table(),
+        max_num_batched_tokens=m.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+        kv_blocks=None if m.kv_blocks is None else m.kv_blocks.blocks(prefix_caching=m.enable_prefix_caching),
+        max_num_seqs=m.max_num_seqs,
+        max_model_len=m.max_model_len,
+        shards=m.box_shards,
+    )
 
 
 def project_root(config: Path) -> Path:

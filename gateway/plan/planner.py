@@ -20,7 +20,7 @@ from html import escape
 from engine_adapter.spark import DGX_SPARK, MODELS, WEIGHT_BYTES, BoxSpec, GiB, Serving
 from gateway.plan.fleet import Deployed, Placement, RequestKind, Summary, simulate
 from gateway.plan.plot import line_chart
-from gateway.settings import ModelSettings, RoutingSettings
+from gateway.settings import ModelSettings, RoutingSettings, model_memory
 
 # The share of a box's memory vLLM may use.
 UTILIZATION = 0.8
@@ -39,12 +39,15 @@ class PlanRow:
 
 def _weights_gib(m: ModelSettings, serving: Serving) -> float:
     """A model's weights and overheads on the box: its configured `weights_bytes` (the NVFP4
-    checkpoints') scaled to the serving's weight dtype, else the catalogue's weights."""
+    checkpoints') scaled to the serving's weight dtype, else the catalogue's weights; plus an
+    n-gram table held in memory (its own dtype, whatever the serving's) and its prefetch buffer."""
     assert m.simulated is not None
     scale = WEIGHT_BYTES[serving.weight_dtype] / WEIGHT_BYTES["nvfp4"]
+    mem = model_memory(m)
+    table = mem.ple_bytes + mem.prefetch
     if m.weights_bytes is not None:
-        return m.weights_bytes * scale / GiB
-    return MODELS[m.simulated.model].served(serving).weight_bytes / GiB
+        return (m.weights_bytes * scale + table) / GiB
+    return (MODELS[m.simulated.model].served(serving).weight_bytes + table) / GiB
 
 
 def placements(

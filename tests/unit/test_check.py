@@ -20,7 +20,7 @@ CONFIG = ROOT / "config"
 BROKEN = Path(__file__).resolve().parent / "broken_configs"
 # The tiny models exist on this machine (`make models`); the DGX Spark's /models do not.
 LOCAL = ["default.yaml", "frontend.yaml", "replay.yaml", "sim-dgx-spark.yaml"]
-SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml", "dgx-spark-vllm-server.yaml"]
+SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml"]
 TOKEN = "SPARKGATE_ENGINE_TOKEN"
 _EXPECT = re.compile(r"^# expect \[(\w+)\] (.+)$", re.MULTILINE)
 
@@ -64,10 +64,9 @@ def test_spark_config_checked_here_names_the_missing_models_and_token(monkeypatc
     assert report.codes == {"model_dir", "token_env"}
     lines = [p.line() for p in report.problems]
     assert "error [model_dir] model 'qwen3.8-27b': /models/Qwen3.8-27B-NVFP4 does not exist (models[].path)" in lines
-    assert any("'qwen3.6-35b-a3b': /models/Qwen3.6-35B-A3B-NVFP4" in line for line in lines)
-    assert any("'qwen3.8-flash-next': /models/Qwen3.8-Flash-Next-tokenizer" in line for line in lines)
+    assert any("'qwen3.6-35b-a3b': /models/Qwen3.6-35B-A3B-tokenizer" in line for line in lines)
     assert (
-        "error [token_env] model 'qwen3.8-flash-next': $SPARKGATE_ENGINE_TOKEN (the engine host's token) is not set"
+        "error [token_env] model 'qwen3.6-35b-a3b': $SPARKGATE_ENGINE_TOKEN (the engine host's token) is not set"
         in lines
     )
     monkeypatch.setenv(TOKEN, "set")
@@ -142,11 +141,15 @@ def test_a_config_without_models_is_a_schema_problem(tmp_path: Path) -> None:
 
 def test_the_plan_shows_boxes_kv_and_slots() -> None:
     plan = "\n".join(check_config(CONFIG / "dgx-spark.yaml", skip_local=True).plan)
-    assert "spark-1 (this gateway): qwen3.6-35b-a3b (vllm), qwen3.8-27b (vllm)" in plan
-    assert "spark-2: qwen3.8-flash-next (remote)" in plan
-    assert "KV cache: qwen3.8-27b 30.00 GiB, qwen3.6-35b-a3b 30.00 GiB" in plan
-    assert "qwen3.8-27b: engine vllm, max_model_len 262144, slots 4, KV 30.00 GiB" in plan
-    assert "qwen3.8-flash-next: engine remote at http://spark-2:8001" in plan
+    # Placement (c) of `sparkgate plan --two-sparks` (issue 41): a Spark's 121.6 GiB MemTotal.
+    assert "spark-1 (this gateway): qwen3.8-27b (vllm)" in plan
+    assert "spark-2: qwen3.6-35b-a3b (remote)" in plan
+    assert "KV cache: qwen3.8-27b 77.60 GiB" in plan
+    assert "qwen3.8-27b: engine vllm, max_model_len 262144, slots 4, KV 77.60 GiB" in plan
+    assert "qwen3.6-35b-a3b: engine remote at http://spark-2:8001" in plan
+    assert "total: 121.60 GiB of 121.60 GiB" in plan
+    spark2 = "\n".join(check_config(CONFIG / "dgx-spark-2.yaml", skip_local=True).plan)
+    assert "KV cache: qwen3.6-35b-a3b 75.60 GiB" in spark2
     # 64 MiB of the tiny Qwen3's KV: 2 layers x K,V x 2 heads x 32 dims x 2 bytes = 512 B a token.
     tiny = "\n".join(check_config(CONFIG / "default.yaml").plan)
     assert "sparkgate-tiny: engine vllm, max_model_len 4096, slots 8, KV 64 MiB, 131072 tokens" in tiny
@@ -180,8 +183,8 @@ def test_cli_exits_2_with_one_error_line_per_problem(monkeypatch: pytest.MonkeyP
     r = CliRunner().invoke(app, ["check", str(CONFIG / "dgx-spark.yaml")])
     assert r.exit_code == 2
     errors = [line for line in r.stderr.splitlines() if line.startswith("error [")]
-    assert len(errors) == 4 and sum(line.startswith("error [model_dir] ") for line in errors) == 3
-    assert errors[-1].startswith("error [token_env] model 'qwen3.8-flash-next'")
+    assert len(errors) == 3 and sum(line.startswith("error [model_dir] ") for line in errors) == 2
+    assert errors[-1].startswith("error [token_env] model 'qwen3.6-35b-a3b'")
     assert "ok" not in r.stdout.splitlines()[-1]
 
 
@@ -200,3 +203,89 @@ def test_check_loads_neither_torch_nor_vllm() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+FLASH = {
+    "name": "flash",
+    "path": str(ROOT / "models/tiny-qwen3"),
+    "weights_bytes": "75.2GiB",
+    "max_model_len": 262144,
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 4096,
+    "ple_table": {"rows": 320001536, "dim": 160, "dtype": "fp8", "placement": "host"},
+    "kv_blocks": {"block_bytes": 40943616, "block_tokens": 3136, "state_groups": 4, "ring_groups": 1},
+}
+
+
+def _check(tmp_path: Path, cfg: dict[str, object], **kw: bool) -> tuple[set[str], str, str]:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    report = check_config(path, **kw)
+    return report.codes, "\n".join(p.message for p in report.problems), "\n".join(report.plan)
+
+
+def test_check_counts_the_ngram_table_by_dtype_and_placement(tmp_path: Path) -> None:
+    """Stock vLLM on one Spark: 75.2 + 47.68 (FP8) > 121.6 GiB; BF16 is 95.37 GiB; on disk
+    (a non-stock build, named) it leaves the weights and a block-counted KV pool."""
+    box = {"memory": "121.6GiB", "reserved": "8GiB"}
+    codes, msg, _ = _check(tmp_path, {"box": box, "models": [FLASH]})
+    assert codes == {"memory_plan"} and "9.29 GiB more than the box has" in msg
+    bf16 = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "dtype": "bf16", "placement": "device"}}
+    codes, msg, _ = _check(tmp_path, {"box": box, "models": [bf16]})
+    assert "n-gram table 95.37 GiB" in msg and "device memory" in msg and "56.98 GiB more than the box has" in msg
+    build = "vllm b12x fork (VLLM_PLE_TABLE_MEMORY=disk)"
+    disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": build}}
+    codes, msg, plan = _check(tmp_path, {"box": box, "models": [disk]})
+    assert codes == set(), msg
+    assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, via the page cache" in plan
+    assert f"requires: {build} for model 'flash'" in plan
+    # 121.6 - 8 - 75.2 - 10 MiB = 38.39 GiB: 1006 whole blocks, 36 of them state blocks.
+    assert "flash KV: 1006 blocks of 3136 tokens (39.05 MiB), 36 of them state blocks for 4 sequences" in plan
+
+
+def test_a_disk_table_must_name_its_build(tmp_path: Path) -> None:
+    disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"}}
+    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]})
+    assert codes == {"schema"} and "stock vLLM 0.32 has no disk-backed n-gram table" in msg
+
+
+def test_a_tensor_parallel_shard_holds_half(tmp_path: Path) -> None:
+    """TP=2 over two Sparks: this box holds half the weights and table beside the 27B."""
+    shard = FLASH | {"box_shards": 2}
+    other = {"name": "27b", "path": str(ROOT / "models/tiny-qwen3"), "weights_bytes": "20GiB"}
+    codes, msg, plan = _check(tmp_path, {"box": {"memory": "121.6GiB", "reserved": "24GiB"}, "models": [other, shard]})
+    assert codes == set(), msg
+    assert "flash: weights 37.60 GiB (1/2 of 75.20 GiB)" in plan and "n-gram table 23.84 GiB (1/2 of" in plan
+
+
+def test_a_kv_pool_short_of_state_blocks_does_not_fit(tmp_path: Path) -> None:
+    disk = FLASH | {
+        "kv_cache_bytes": "3GiB",
+        "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": "fork"},
+    }
+    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]})
+    # 3 GiB = 78 blocks; one 262,144-token sequence is 84 blocks, plus 9 x 4 state blocks.
+    assert codes == {"memory_plan"} and "78 blocks of 40,943,616 B" in msg and "it needs 120" in msg
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("models/tiny-qwen4-exp", "config.json layer_types has linear_attention"),
+        ("models/tiny-qwen3-next", "config.json layer_types has linear_attention"),
+    ],
+)
+def test_vllm_server_in_front_of_a_hybrid_model_is_refused(tmp_path: Path, path: str, why: str) -> None:
+    m = {"name": "m", "engine": "vllm-server", "path": str(ROOT / path), "vllm_server": {"address": "http://h:8000"}}
+    codes, msg, _ = _check(tmp_path, {"models": [m]})
+    assert codes == {"hybrid_server"} and why in msg and "read those groups from the server" in msg
+    plain = m | {"path": str(ROOT / "models/tiny-qwen3")}
+    assert _check(tmp_path, {"models": [plain]})[0] == set()
+
+
+def test_vllm_server_hybrid_is_known_without_config_json(tmp_path: Path) -> None:
+    """--skip-local reads no config.json: the box model's catalogue names the hybrid models."""
+    m = {"name": "qwen3.8-flash-next", "engine": "vllm-server", "path": "/models/Qwen3.8-Flash-Next-tokenizer"}
+    m["vllm_server"] = {"address": "http://spark-2:8000"}
+    codes, msg, _ = _check(tmp_path, {"models": [m]}, skip_local=True)
+    assert codes == {"hybrid_server"} and "the box model's Qwen3.8-Flash-Next: 48 layers, 12 of them" in msg

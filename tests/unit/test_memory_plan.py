@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.settings import Settings
-from policies.memory_plan import GiB, MemoryPlan, ModelMemory, PlanDoesNotFit, plan_memory
+from gateway.settings import Settings, model_memory
+from policies.memory_plan import (
+    GiB,
+    KvBlocks,
+    MemoryPlan,
+    ModelMemory,
+    PlanDoesNotFit,
+    PleTable,
+    min_kv_blocks,
+    plan_memory,
+)
 
 
 def test_the_rest_is_split_by_share() -> None:
@@ -70,3 +79,98 @@ def test_settings_apply_the_plan() -> None:
 def test_settings_refuse_a_box_without_weights() -> None:
     with pytest.raises(ValueError, match="weights_bytes for m"):
         Settings(models=[{"name": "m", "path": "x"}], box={"memory": "1GiB"})  # type: ignore[list-item,arg-type]
+
+
+# -- Flash-Next on vLLM 0.32 (issue 41; ../shared/reference/flash-next.md sections 2 and 4) ----------
+
+SPARK = int(121.6 * GiB)  # MemTotal of a DGX Spark
+FLASH_WEIGHTS = int(75.2 * GiB)  # non-PLE NVFP4 weights (vllm#56757)
+BLOCKS = KvBlocks(block_bytes=40_943_616, block_tokens=3136, state_blocks=9)  # CUDA rule, FP8, prefix caching
+
+
+def _table(dtype: str = "fp8", placement: str = "host") -> PleTable:
+    return PleTable(rows=320_001_536, dim=160, dtype=dtype, placement=placement)  # type: ignore[arg-type]
+
+
+def _flash(**kw: object) -> ModelMemory:
+    args: dict[str, object] = {
+        "name": "flash",
+        "weights": FLASH_WEIGHTS,
+        "ple": _table(),
+        "max_num_batched_tokens": 4096,
+        "kv_blocks": BLOCKS,
+        "max_num_seqs": 4,
+        "max_model_len": 262_144,
+    }
+    return ModelMemory(**(args | kw))  # type: ignore[arg-type]
+
+
+def test_the_ngram_table_by_dtype_and_placement() -> None:
+    assert _table("bf16").bytes == 102_400_491_520 and f"{_table('bf16').bytes / GiB:.2f}" == "95.37"
+    assert _table("fp8").bytes == 51_200_245_760 and f"{_table('fp8').bytes / GiB:.2f}" == "47.68"
+    assert _table(placement="host").resident == _table(placement="device").resident == 51_200_245_760
+    assert _table(placement="disk").resident == 0  # the page cache's, evictable
+    assert _table().prefetch_bytes(4096) == 4096 * 16 * 160 == 10 * 1024**2
+
+
+def test_flash_next_on_one_spark_does_not_fit_with_its_table_in_memory() -> None:
+    """75.2 GiB of weights + 47.68 GiB of FP8 table = 122.89 GiB > 121.6 GiB, before any KV."""
+    plan = plan_memory(total=SPARK, reserved=0, models=[_flash()])
+    assert isinstance(plan, PlanDoesNotFit)
+    assert plan.over == FLASH_WEIGHTS + 51_200_245_760 + 10 * 1024**2 - SPARK
+    assert "1.29 GiB more than the box has" in plan.message and "n-gram table 47.68 GiB" in plan.message
+
+
+def test_the_pool_is_whole_blocks_with_state_blocks_per_request() -> None:
+    """Table on disk (a non-stock build): 18 GiB -> 472 blocks of 3,136 tokens (flash-next.md)."""
+    plan = plan_memory(total=SPARK, reserved=0, models=[_flash(ple=_table(placement="disk"), kv_cache=19_327_352_832)])
+    assert isinstance(plan, MemoryPlan)
+    assert plan.kv_cache == {"flash": 472 * 40_943_616}
+    assert "flash KV: 472 blocks of 3136 tokens (39.05 MiB), 36 of them state blocks for 4 sequences" in "\n".join(
+        plan.lines
+    )
+    assert plan.unplanned == SPARK - FLASH_WEIGHTS - 10 * 1024**2 - 472 * 40_943_616
+    assert min_kv_blocks(BLOCKS, max_num_seqs=4, max_model_len=262_144) == 84 + 36
+    no_prefix = KvBlocks(block_bytes=40_943_616, block_tokens=3136, state_blocks=5)
+    assert min_kv_blocks(no_prefix, max_num_seqs=4, max_model_len=262_144) == 84 + 20
+
+
+def test_a_pool_short_of_its_blocks_does_not_fit() -> None:
+    plan = plan_memory(
+        total=SPARK, reserved=0, models=[_flash(ple=_table(placement="disk"), kv_cache=119 * 40_943_616)]
+    )
+    assert isinstance(plan, PlanDoesNotFit) and plan.over == 40_943_616 and "it needs 120" in plan.message
+
+
+def test_a_tensor_parallel_shard_holds_half_the_weights_and_table() -> None:
+    """TP=2 over two Sparks beside the 27B: 20 + 37.6 + 23.84 GiB + the buffer, the rest KV."""
+    half = _flash(shards=2, kv_blocks=KvBlocks(block_bytes=40_943_616 // 2, block_tokens=3136, state_blocks=9))
+    plan = plan_memory(total=SPARK, reserved=24 * GiB, models=[ModelMemory(name="27b", weights=20 * GiB), half])
+    assert isinstance(plan, MemoryPlan)
+    assert half.fixed == FLASH_WEIGHTS // 2 + 51_200_245_760 // 2 + 10 * 1024**2
+    assert f"{plan.kv_cache['27b'] / GiB:.2f}" == "8.07"
+
+
+def test_settings_feed_the_table_and_blocks() -> None:
+    s = Settings(
+        models=[  # type: ignore[list-item]
+            {
+                "name": "flash",
+                "path": "x",
+                "weights_bytes": "75.2GiB",
+                "max_num_seqs": 4,
+                "max_model_len": 262144,
+                "max_num_batched_tokens": 4096,
+                "enable_prefix_caching": False,
+                "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": "a fork"},
+                "kv_blocks": {"block_bytes": 40943616, "block_tokens": 3136, "state_groups": 4, "ring_groups": 1},
+            }
+        ],
+        box={"memory": "121.6GiB", "reserved": "24GiB"},  # type: ignore[arg-type]
+    )
+    mm = model_memory(s.models[0])
+    assert mm.kv_blocks == KvBlocks(block_bytes=40943616, block_tokens=3136, state_blocks=5)  # prefix caching off
+    assert mm.ple is not None and mm.ple.requires_build == "a fork" and mm.ple_bytes == 0
+    assert isinstance(s.memory_plan(), MemoryPlan)
+    with pytest.raises(ValueError, match=r"stock vLLM 0\.32 has no disk-backed n-gram table"):
+        Settings(models=[{"name": "m", "path": "x", "ple_table": {"rows": 1, "dim": 1, "placement": "disk"}}])  # type: ignore[list-item]
