@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -234,6 +234,18 @@ class RequestRecord:
         )
 
 
+class Gate(Protocol):
+    """What stands between a run's requests and the engine (`KVProbe.run`)."""
+
+    def arrive(self, request: ProbeRequest) -> bool:
+        """A request arrives: True lets it in now; False keeps it out (queued or refused)."""
+        ...
+
+    def finished(self, request_id: str) -> list[ProbeRequest]:
+        """A request finished: the queued requests to let in now."""
+        ...
+
+
 @dataclass
 class RunStats:
     """Pool-level numbers of the last `KVProbe.run`."""
@@ -332,8 +344,6 @@ class KVProbe:
     # -- facts ------------------------------------------------------------------------
 
     def _read_facts(self) -> PoolFacts:
-        from vllm.v1.core import kv_cache_utils
-
         vc = self.engine.vllm_config
         cc, sc, mc = vc.cache_config, vc.scheduler_config, vc.model_config
         kcfg = self.kv_cache_manager.kv_cache_config
@@ -356,11 +366,9 @@ class KVProbe:
                     mamba_cache_mode=getattr(spec, "mamba_cache_mode", None),
                 )
             )
-        try:
-            layout = cc.get_resolved_kv_cache_layout()
-            bytes_per_block = int(kv_cache_utils._get_kv_cache_bytes_per_block(list(kcfg.kv_cache_groups), layout))
-        except Exception:
-            bytes_per_block = max(g.page_size_bytes * g.num_layers for g in groups) if groups else 0
+        # Every tensor is a view of the one allocation (`size` bytes) the pool was cut from.
+        tensors = list(kcfg.kv_cache_tensors)
+        bytes_per_block = int(tensors[0].size) // int(kcfg.num_blocks) if tensors else 0
         return PoolFacts(
             num_blocks=int(self.pool.num_gpu_blocks),
             usable_blocks=int(self.pool.num_gpu_blocks) - 1,
@@ -542,9 +550,14 @@ class KVProbe:
 
     # -- running ----------------------------------------------------------------------
 
-    def run(self, requests: Iterable[ProbeRequest], *, max_steps: int = 100000) -> list[RequestRecord]:
+    def run(
+        self, requests: Iterable[ProbeRequest], *, max_steps: int = 100000, gate: Gate | None = None
+    ) -> list[RequestRecord]:
         """Add the requests (each at its `add_at_step`) and step until all finish.
 
+        With a `gate`, a request reaches the engine only when the gate lets it: at its
+        arrival, or when the gate admits it as another finishes (an admission controller
+        in front of the engine); a request the gate never admits gets no record.
         Returns one record per request, or per child for n > 1 (ids "<id>#<k>").
         """
         from vllm import SamplingParams
@@ -562,9 +575,14 @@ class KVProbe:
         self.last_run = RunStats(used_before=self.pool_used_blocks())
         parents: dict[str, ProbeRequest] = {}
         step = 0
-        while todo or self.engine.has_unfinished_requests():
+        ready: list[ProbeRequest] = []
+        while todo or ready or self.engine.has_unfinished_requests():
             while todo and todo[0].add_at_step <= step:
                 r = todo.pop(0)
+                if gate is None or gate.arrive(r):
+                    ready.append(r)
+            while ready:
+                r = ready.pop(0)
                 assert r.request_id is not None
                 self._pending_meta[r.request_id] = r
                 parents[r.request_id] = r
@@ -582,6 +600,8 @@ class KVProbe:
                     self._ensure_record(r)
             for out in self.engine.step():
                 self._absorb_output(out)
+                if gate is not None and getattr(out, "finished", False):
+                    ready.extend(gate.finished(out.request_id))
             step += 1
             if step > max_steps:
                 raise RuntimeError(f"run did not finish in {max_steps} steps")
@@ -589,6 +609,8 @@ class KVProbe:
         self.last_run.used_after = self.pool_used_blocks()
         result: list[RequestRecord] = []
         for rid in order:
+            if rid not in parents:
+                continue  # the gate never let it in
             if parents[rid].n == 1:
                 result.append(self._by_external[rid])
             else:

@@ -128,9 +128,15 @@ class EngineChunk:
 @dataclass(frozen=True, kw_only=True)
 class KVGroup:
     """Layers that share one block table (vLLM's KV cache group). Every group draws
-    its blocks from the one pool: a request holds blocks in each group."""
+    its blocks from the one pool: a request holds blocks in each group.
 
-    kind: Literal["full_attention", "sliding_window", "linear_attention"]
+    Kinds: attention pages that grow with the sequence ("full_attention", also MLA-style
+    pages holding one state per few tokens), a window of them ("sliding_window"), a
+    recurrent state that does not grow ("linear_attention": Mamba, GDN, short convs), and
+    a per-request ring ("ring": one block for the request's life, never prefix-cached,
+    e.g. Qwen4Exp's QSA raw-key buffer)."""
+
+    kind: Literal["full_attention", "sliding_window", "linear_attention", "ring"]
     num_layers: int  # layers in this group (padded groups count their slots)
     block_size: int  # tokens per block for this group
     page_bytes_per_layer: int  # bytes one layer of this group holds per block

@@ -36,8 +36,6 @@ from engine_adapter.base import (
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
 
 @dataclass(frozen=True, kw_only=True)
 class VllmEngineConfig:
@@ -111,79 +109,126 @@ def _convert_prompt_logprobs(entries: Any, prompt_ids: tuple[int, ...], k: int) 
     return tuple(out)
 
 
-def _layer_kinds(vllm_config: Any) -> dict[str, int]:
-    """Layers per KV kind, as vLLM's model runner will build their cache specs."""
-    mc, pc = vllm_config.model_config, vllm_config.parallel_config
-    total = int(mc.get_num_layers(pc))
-    attention = int(mc.get_num_layers_by_block_type(pc, "attention"))
-    layer_types = getattr(mc.hf_text_config, "layer_types", None)
-    window = mc.get_sliding_window()
-    if layer_types and len(layer_types) == total:
-        sliding = sum(1 for t in layer_types if t in ("sliding_attention", "sliding_window"))
-    else:
-        sliding = attention if window else 0
-    kinds = {
-        "full_attention": attention - sliding,
-        "sliding_window": sliding,
-        "linear_attention": total - attention,
+# vLLM's KV cache spec classes by the kind of hold they make on the pool. A subclass maps
+# by its nearest listed base (MLAAttentionSpec and SinkFullAttentionSpec are full attention).
+_SPEC_KINDS = {
+    "CircularBufferSpec": "ring",
+    "MambaSpec": "linear_attention",
+    "SlidingWindowSpec": "sliding_window",
+    "SlidingWindowMLASpec": "sliding_window",
+    "FullAttentionSpec": "full_attention",
+    "MLAAttentionSpec": "full_attention",
+}
+
+
+def _spec_kind(spec: Any) -> str:
+    """The hold kind of one layer's (or a uniform group's) spec, by class name: the names
+    cross vLLM's RPC, the classes do not. Unknown kinds are reported as their class name."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if inner:  # UniformTypeKVCacheSpecs: one kind for all its layers, or none
+        kinds = {_spec_kind(s) for s in inner.values()}
+        return kinds.pop() if len(kinds) == 1 else type(spec).__name__
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _SPEC_KINDS:
+            return _SPEC_KINDS[cls.__name__]
+    return type(spec).__name__
+
+
+def _bytes_per_block(kv_cache_config: Any) -> int:
+    """What one block id costs the pool, from the tensors the engine allocates. In 0.32
+    every tensor is a view of one allocation of `size` bytes (groups alias it); 0.26's
+    tensors (`shared_by`) are separate slots that the groups share."""
+    tensors = list(kv_cache_config.kv_cache_tensors)
+    num_blocks = int(kv_cache_config.num_blocks)
+    if not tensors or num_blocks <= 0:
+        return 0
+    if all(hasattr(t, "shared_by") for t in tensors):
+        return sum(int(t.size) for t in tensors) // num_blocks
+    return max(int(t.size) for t in tensors) // num_blocks
+
+
+def kv_layout_of(kv_cache_config: Any) -> dict[str, Any]:
+    """The KV cache an engine built (vLLM's `KVCacheConfig`), as plain data: its groups
+    as the scheduler's KV cache manager runs them, and the pool's block cost."""
+    groups = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        # A worker's group may wrap its layers' specs (UniformTypeKVCacheSpecs): read them.
+        layers = list(getattr(spec, "kv_cache_specs", {}).values()) or [spec]
+        groups.append(
+            {
+                "kind": _spec_kind(spec),
+                "spec": "+".join(sorted({type(x).__name__ for x in layers})),
+                "block_size": int(spec.block_size),
+                "num_layers": len(g.layer_names),
+                "page_bytes_per_layer": max(int(x.page_size_bytes) for x in layers),
+                "sliding_window": getattr(layers[0], "sliding_window", None),
+                "mamba_cache_mode": getattr(layers[0], "mamba_cache_mode", None),
+            }
+        )
+    return {
+        "num_blocks": int(kv_cache_config.num_blocks),
+        "bytes_per_block": _bytes_per_block(kv_cache_config),
+        "groups": groups,
     }
-    return {k: n for k, n in kinds.items() if n > 0}
 
 
-def kv_spec_from_config(vllm_config: Any) -> KVSpec:
-    """The KV pool a running engine allocated, from its (synced) config.
+class KVLayoutReporter:
+    """Mixed into vLLM's worker (`worker_extension_cls`): the worker's KV cache config as
+    `kv_layout_of` data, since vLLM's spec objects do not cross its RPC."""
 
-    vLLM 0.32's rules (kv_cache_utils.get_kv_cache_groups): one group when every
-    layer is of one kind; otherwise each kind is cut into groups of
-    `group_size` layers (the smallest kind's count, or the largest's when it is
-    under 1.5x the smallest), and all groups share one pool whose block id
-    costs one group's worth of pages. Hybrid linear-attention state is padded
-    to the (stretched) attention page. Checked against the engine's own
-    groups by tests/integration/test_kv_exact.py.
-    """
+    def sparkgate_kv_layout(self) -> dict[str, Any]:
+        return kv_layout_of(self.model_runner.kv_cache_config)  # type: ignore[attr-defined]
+
+
+_KV_LAYOUT_EXTENSION = f"{__name__}.KVLayoutReporter"
+
+
+class UnmodelledKVGroup(ValueError):
+    """The engine built a KV cache group whose hold on the pool sparkgate does not model."""
+
+
+def kv_spec_from_layout(layout: dict[str, Any], vllm_config: Any) -> KVSpec:
+    """The KV pool a running engine allocated: the groups, block sizes and block cost it
+    reported (`kv_layout_of`), and the scheduler settings of its (synced) config. A group
+    of a kind `policies.kv` does not model is refused, not guessed."""
     cc = vllm_config.cache_config
     mc = vllm_config.model_config
-    pc = vllm_config.parallel_config
     sc = vllm_config.scheduler_config
-    block_size = int(cc.block_size)
+    groups = []
+    for g in layout["groups"]:
+        kind = g["kind"]
+        if kind not in ("full_attention", "sliding_window", "linear_attention", "ring"):
+            raise UnmodelledKVGroup(
+                f"KV cache group of {g['spec']} ({g['num_layers']} layers): its block use is not "
+                "modelled, so admission could over-commit the pool"
+            )
+        window = g.get("sliding_window")
+        mode = g.get("mamba_cache_mode")
+        groups.append(
+            KVGroup(
+                kind=kind,
+                num_layers=int(g["num_layers"]),
+                block_size=int(g["block_size"]),
+                page_bytes_per_layer=int(g["page_bytes_per_layer"]),
+                sliding_window=int(window) if kind == "sliding_window" and window else None,
+                mamba_mode=mode if kind == "linear_attention" and mode in ("none", "align") else None,
+            )
+        )
     cache_dtype = str(cc.cache_dtype)
     if cache_dtype == "auto":
         cache_dtype = str(mc.dtype).removeprefix("torch.")
-    elem = _DTYPE_BYTES.get(cache_dtype, 2)
-    page = 2 * block_size * int(mc.get_num_kv_heads(pc)) * int(mc.get_head_size()) * elem
-    kinds = _layer_kinds(vllm_config)
-    if len(kinds) == 1:
-        group_size = next(iter(kinds.values()))
-    else:
-        smallest, largest = min(kinds.values()), max(kinds.values())
-        group_size = largest if largest < 1.5 * smallest else smallest
-    prefix = bool(cc.enable_prefix_caching)
-    mamba_mode: Any = str(getattr(cc, "mamba_cache_mode", None) or ("align" if prefix else "none"))
-    window = mc.get_sliding_window()
-    groups = []
-    for kind, layers in kinds.items():
-        for _ in range(-(-layers // group_size)):
-            groups.append(
-                KVGroup(
-                    kind=kind,  # type: ignore[arg-type]
-                    num_layers=group_size,
-                    block_size=block_size,
-                    page_bytes_per_layer=page,
-                    sliding_window=int(window) if kind == "sliding_window" and window else None,
-                    mamba_mode=mamba_mode if kind == "linear_attention" else None,
-                )
-            )
-    num_blocks = int(cc.num_gpu_blocks or 0)
-    bytes_per_block = group_size * page
+    num_blocks = int(layout["num_blocks"])
+    bytes_per_block = int(layout["bytes_per_block"])
     return KVSpec(
-        block_size=block_size,
+        block_size=int(cc.block_size),
         num_blocks=num_blocks,
         bytes_per_block=bytes_per_block,
         kv_cache_bytes=int(getattr(cc, "kv_cache_memory_bytes", None) or num_blocks * bytes_per_block),
         cache_dtype=cache_dtype,
         groups=tuple(groups),
         max_model_len=int(mc.max_model_len),
-        prefix_caching=prefix,
+        prefix_caching=bool(cc.enable_prefix_caching),
         max_num_seqs=int(sc.max_num_seqs),
         max_num_batched_tokens=int(sc.max_num_batched_tokens),
         long_prefill_token_threshold=int(getattr(sc, "long_prefill_token_threshold", 0) or 0),
@@ -340,6 +385,8 @@ class VllmLocalEngine:
         if c.block_size is not None:
             kwargs["block_size"] = c.block_size
         kwargs.update(c.extra_args)
+        # The worker reports its KV layout to `_read_kv_spec`.
+        kwargs["worker_extension_cls"] = _KV_LAYOUT_EXTENSION
         return vllm.AsyncEngineArgs(**kwargs)
 
     async def start(self) -> None:
@@ -352,7 +399,11 @@ class VllmLocalEngine:
             # Engine creation blocks for tens of seconds: keep the event loop free. Another
             # engine may start beside it once this one's core process is spawned (_binding).
             self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
-        self._kv_spec = self._read_kv_spec()
+        try:
+            self._kv_spec = await self._read_kv_spec()
+        except UnmodelledKVGroup as e:
+            await self.shutdown()
+            raise EngineUnavailable(f"engine {self.name}: {e}") from e
         self.startup_seconds = time.monotonic() - t0
         spec = self._kv_spec
         log.info(
@@ -371,13 +422,15 @@ class VllmLocalEngine:
 
     # -- facts ---------------------------------------------------------------
 
-    def _read_kv_spec(self) -> KVSpec:
-        spec = kv_spec_from_config(self._llm.vllm_config)
+    async def _read_kv_spec(self) -> KVSpec:
+        """The KV layout the engine built (its worker's KV cache config), with a check that
+        its block cost accounts for the pool it was given."""
+        (layout, *_) = await self._llm.collective_rpc("sparkgate_kv_layout")
+        spec = kv_spec_from_layout(layout, self._llm.vllm_config)
         kv_bytes = self._llm.vllm_config.cache_config.kv_cache_memory_bytes
         if kv_bytes and kv_bytes // spec.bytes_per_block != spec.num_blocks:
-            # The derived layout disagrees with what the engine allocated: admission would be off.
             log.warning(
-                "engine %s: %d KV bytes / %d bytes per derived block != %d blocks allocated",
+                "engine %s: %d KV bytes / %d bytes per block != %d blocks allocated",
                 self.name,
                 kv_bytes,
                 spec.bytes_per_block,

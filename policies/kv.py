@@ -9,7 +9,9 @@ scheduler; docs/kv-footprint.md has the rules and their sources):
   sampled token is never fed back);
 - sliding window frees blocks that fall wholly out of the window as decoding
   moves on; its peak is the prefill chunk or the steady decode window;
-- linear attention (Mamba/GDN) holds one state block ("none"), or in "align"
+- a ring (a per-request buffer, e.g. Qwen4Exp's QSA raw keys) holds one block
+  from its first step to its last;
+- linear attention (Mamba/GDN/short conv) holds one state block ("none"), or in "align"
   mode two for one step each time it crosses into a new block (more under
   asynchronous scheduling, bounded from measurements on CUDA vLLM);
 - prefix caching reuses whole blocks whose token chain from the start is
@@ -30,7 +32,7 @@ class KVGroup(Protocol):
     import no engine."""
 
     @property
-    def kind(self) -> Literal["full_attention", "sliding_window", "linear_attention"]: ...
+    def kind(self) -> Literal["full_attention", "sliding_window", "linear_attention", "ring"]: ...
     @property
     def block_size(self) -> int: ...
     @property
@@ -110,6 +112,8 @@ def _steps(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> list[tuple[int,
 
 
 def _held(group: KVGroup, c: int, k: int, full_blocks: int, spec: KVSpec) -> int:
+    if group.kind == "ring":
+        return 1
     if group.kind == "linear_attention":
         if group.mamba_mode != "align" or full_blocks == 1:
             return 1  # one state block

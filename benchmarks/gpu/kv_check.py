@@ -1,7 +1,7 @@
 """GPU check: on CUDA vLLM (0.26 on the lent H200), for the real Qwen3.6 shapes (hybrid:
-linear attention + full attention, stretched blocks), the KV spec sparkgate derives from the
-running engine's config equals the engine's own KV cache config, and the peak pool blocks of a
-single request never exceed `policies.kv.footprint` (equal where the rule is exact; the
+linear attention + full attention, stretched blocks), the KV spec sparkgate reads from the
+running engine (`kv_layout_of` its KV cache config) matches the engine's scheduler, and the
+peak pool blocks of a single request never exceed `policies.kv.footprint` (equal where the rule is exact; the
 asynchronous scheduler's hybrid bound may be over by a block per state group).
 
     python3 benchmarks/gpu/kv_check.py OUT_DIR            # all cases, one engine each (subprocesses)
@@ -37,7 +37,7 @@ def run_case(name: str, out: Path) -> bool:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from engine_adapter.vllm_local import kv_spec_from_config
+    from engine_adapter.vllm_local import kv_layout_of, kv_spec_from_layout
     from policies.kv import footprint
 
     shape, extra = CASES[name]
@@ -45,12 +45,12 @@ def run_case(name: str, out: Path) -> bool:
         name, shape, max_num_seqs=8, max_model_len=16384, kv_cache_memory_bytes=4 * 1024**3, **extra
     )
     res: dict[str, Any] = {"case": name, "startup_s": startup_s, "checks": []}
-    spec = kv_spec_from_config(engine.vllm_config)
     core = engine.engine_core.engine_core
     sched = core.scheduler
     mgr = sched.kv_cache_manager
     pool = mgr.block_pool
     kcfg = mgr.kv_cache_config
+    spec = kv_spec_from_layout(kv_layout_of(kcfg), engine.vllm_config)
     usable = pool.num_gpu_blocks - 1
     real_groups = sorted(
         (type(g.kv_cache_spec).__name__, len(g.layer_names), int(g.kv_cache_spec.block_size))

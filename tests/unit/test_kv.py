@@ -141,3 +141,33 @@ def test_async_hybrid_bound_covers_what_the_gpu_held(block: int, layers: int, p:
 
 def test_only_hybrids_resume_at_the_end_of_their_keys() -> None:
     assert resumes_at_end(spec(ATTN_640, MAMBA_ALIGN, block=640)) and not resumes_at_end(spec(FULL))
+
+
+def _flash_next(mode: str) -> KVSpec:
+    """Qwen3.8-Flash-Next's six groups as vLLM 0.32 builds them (CPU build, BF16 KV: the
+    layout tests/integration/test_kv_exact.py reads off the engine): 3 GDN + 1 PLE state,
+    the QSA key ring, attention K/V + compressed keys."""
+    bs = 1664
+    gdn = KVGroup(kind="linear_attention", num_layers=12, block_size=bs, page_bytes_per_layer=3407872, mamba_mode=mode)  # type: ignore[arg-type]
+    ple = dataclasses.replace(gdn, num_layers=1)
+    ring = KVGroup(kind="ring", num_layers=12, block_size=4, page_bytes_per_layer=1024)
+    attention = KVGroup(kind="full_attention", num_layers=24, block_size=bs, page_bytes_per_layer=3407872)
+    return dataclasses.replace(
+        spec(gdn, gdn, gdn, ple, ring, attention, block=bs, prefix=mode == "align"), bytes_per_block=42172416
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "p", "m", "blocks", "per_group"),
+    # Measured on the meta-device engine: 6 in one block, else F + 9 ("align") or F + 5 ("none").
+    [("align", 100, 1, 6, (1, 1, 1, 1, 1, 1)), ("align", 1664, 1, 6, (1, 1, 1, 1, 1, 1)),
+     ("align", 1665, 1, 11, (2, 2, 2, 2, 1, 2)), ("align", 10000, 100, 16, (2, 2, 2, 2, 1, 7)),
+     ("align", 30000, 500, 28, (2, 2, 2, 2, 1, 19)), ("none", 1665, 1, 7, (1, 1, 1, 1, 1, 2)),
+     ("none", 30000, 500, 24, (1, 1, 1, 1, 1, 19))],
+)  # fmt: skip
+def test_flash_next_holds_its_states_and_ring(
+    mode: str, p: int, m: int, blocks: int, per_group: tuple[int, ...]
+) -> None:
+    fp = footprint(_flash_next(mode), ids(p), m)
+    assert (fp.blocks, fp.per_group) == (blocks, per_group)
+    assert fp.bytes == blocks * 42172416
