@@ -198,6 +198,14 @@ def plan(
     max_rate: Annotated[float, typer.Option(help="Highest load tried, requests/s")] = 1.0,
     step: Annotated[float, typer.Option(help="Load step, requests/s")] = 0.05,
     out: Annotated[Path, typer.Option(help="The HTML page with the plot")] = Path("plan.html"),
+    two_sparks: Annotated[
+        bool,
+        typer.Option(
+            "--two-sparks",
+            help="Compare Flash-Next's placements on two DGX Sparks: table on NVMe, TP=2 over both, "
+            "or two models only (memory per box, SLO attainment, the recommended one)",
+        ),
+    ] = False,
 ) -> None:
     """Capacity planner: requests/s and users each placement sustains within the SLOs."""
     import dataclasses
@@ -234,6 +242,27 @@ def plan(
     rates = [round(step * i, 4) for i in range(1, int(max_rate / step + 1e-9) + 1)]
     rows = []
     typer.echo(f"box: {box_spec.name}; serving: {serving}", err=True)
+    if two_sparks:
+        from gateway.plan import two_sparks as two
+
+        try:
+            options = two.options(settings.models, box=box_spec, serving=serving)
+        except ValueError as e:
+            typer.echo(f"sparkgate: {e}", err=True)
+            raise typer.Exit(2) from None
+        by_key = {}
+        for o in options:
+            if not o.fits:
+                continue
+            by_key[o.key] = planner.sustain(
+                o.placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration, seeds=seeds
+            )
+            typer.echo(f"  ({o.key}) {o.placement.name}: {by_key[o.key].sustained_rps:.2f} req/s", err=True)
+        typer.echo("\n".join(two.report(options, by_key, target=target, per_user=per_user, total=two.SPARK_MEMTOTAL)))
+        rows = list(by_key.values())
+        out.write_text(planner.html(rows, kinds, target, per_user, box_spec))
+        typer.echo(f"plot: {out}")
+        return
     for placement in planner.placements(settings.models, boxes, box_spec, serving):
         row = planner.sustain(
             placement, settings.routing, kinds, target=target, rates=rates, duration_s=duration, seeds=seeds

@@ -36,6 +36,33 @@ from policies.load import RouteInfo, RouteQuery
 
 
 @dataclass(frozen=True)
+class Link:
+    """The interconnect of the boxes a tensor-parallel model spans: each all-reduce of a step's
+    activations costs its latency plus a ring's 2(n-1)/n of the bytes over the link's bandwidth."""
+
+    bytes_per_s: float = 22.5e9  # ConnectX-7 between two DGX Sparks: ~20-25 GB/s in public runs
+    latency_s: float = 20e-6  # per all-reduce, NCCL over RoCE (an assumption: unmeasured here)
+
+    def allreduce_s(self, nbytes: float, ranks: int) -> float:
+        return self.latency_s + 2 * (ranks - 1) / ranks * nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """A model split over `ranks` boxes (vLLM's multi-node launch): each box reads 1/ranks of
+    the weights and KV and does 1/ranks of the FLOPs, and every step all-reduces its tokens'
+    activations `allreduces` times (2 per layer) over the link."""
+
+    ranks: int
+    allreduces: int  # per step: 2 per layer
+    activation_bytes: int  # per token and all-reduce: hidden x 2 (BF16)
+    link: Link = field(default_factory=Link)
+
+    def step_s(self, tokens: int) -> float:
+        return self.allreduces * self.link.allreduce_s(tokens * self.activation_bytes, self.ranks)
+
+
+@dataclass(frozen=True)
 class Deployed:
     """One model in a placement: which box it is on and the KV it gets there."""
 
@@ -58,6 +85,7 @@ class Deployed:
     # and its host time overlap (the larger counts).
     host_step_s: float = 0.0
     host_seq_s: float = 0.0
+    tp: TensorParallel | None = None  # split over the boxes of `box` ("box-1+box-2")
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -254,7 +282,18 @@ class Fleet:
                 if d.block_size is None
                 else dataclasses.replace(placement.serving, block_size=d.block_size),
             )
-            sim = BoxSim(spec, placement.box, config)
+            box = placement.box
+            if d.tp is not None:  # the ranks' bandwidth and FLOPs add up; the link is paid per step
+                n = d.tp.ranks
+                box = dataclasses.replace(
+                    box,
+                    memory_bytes=box.memory_bytes * n,
+                    mem_bandwidth=box.mem_bandwidth * n,
+                    bf16_flops=box.bf16_flops * n,
+                    fp8_flops=box.fp8_flops * n,
+                    fp4_flops=box.fp4_flops * n,
+                )
+            sim = BoxSim(spec, box, config)
             self.lanes[d.name] = _Lane(d, sim)
             kv = sim.kv_spec()
             specs.append(
@@ -305,12 +344,21 @@ class Fleet:
         lane.step_s = own = res.duration
         d = lane.deployed
         host = d.host_step_s + d.host_seq_s * (res.decode_seqs + (res.prefill_tokens > 0))
+        if d.tp is not None:  # the GPU waits for the link: it is this step's own time
+            own += d.tp.step_s(res.prefill_tokens + res.decode_seqs)
+            res = dataclasses.replace(res, end=res.start + own)
+            lane.sim.now = res.end
+            lane.step_s = own
         box = self.placement.box
-        ratio = sum(
-            turn_ratio(m.step_s, own, box.gpu_timeslice_s, box.mate_wait_s)
-            for m in self.lanes.values()
-            if m is not lane and m.deployed.box == lane.deployed.box and m.pending and m.pending.end > res.start
-        )
+        # Per box, the waits for its busy mates add up; a tensor-parallel step's ranks wait on
+        # their boxes at once, so the longest box's wait counts.
+        waits: dict[str, float] = {}
+        for m in self.lanes.values():
+            if m is lane or not m.pending or m.pending.end <= res.start:
+                continue
+            for b in set(m.deployed.box.split("+")) & set(lane.deployed.box.split("+")):
+                waits[b] = waits.get(b, 0.0) + turn_ratio(m.step_s, own, box.gpu_timeslice_s, box.mate_wait_s)
+        ratio = max(waits.values(), default=0.0)
         if ratio or host:
             # The host's work and the waits for a mate overlap: while this engine's host works,
             # the GPU runs the mate's kernels, the slice it would otherwise wait for. (A faster

@@ -79,10 +79,10 @@ def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     table = r.stdout.splitlines()
     assert table[0].startswith("placement") and "req/s at 95%" in table[0]
+    # Flash-Next alone no longer fits one box: its n-gram table is counted (issue 41).
     assert {re.split(r"\s{2,}", line)[0] for line in table[1:-1]} == {
         "qwen3.6-35b-a3b",
         "qwen3.8-27b",
-        "qwen3.8-flash-next",
         "qwen3.8-27b + qwen3.6-35b-a3b",
     }
     page = out.read_text()
@@ -92,3 +92,33 @@ def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
 def test_plan_rejects_an_unknown_workload_kind() -> None:
     r = sparkgate("plan", "--mix", "poetry=1")
     assert r.returncode == 2 and "unknown kinds ['poetry']" in r.stderr
+
+
+def test_plan_two_sparks_compares_flash_next_placements(tmp_path: Path) -> None:
+    """(a) table on NVMe (a non-stock build, named), (b) TP=2 over both boxes, (c) two models:
+    each with its memory per box and SLO attainment, and the stock placement recommended."""
+    out = tmp_path / "plan.html"
+    args = ["plan", "--two-sparks", "--duration", "60", "--seeds", "1", "--max-rate", "0.2", "--step", "0.1"]
+    r = sparkgate(*args, "--mix", "chat=1", "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "(a) qwen3.8-flash-next alone on spark-2, n-gram table on NVMe" in text
+    assert "requires: a vLLM build with disk-backed PLE (not stock 0.32" in text
+    assert "(b) qwen3.8-flash-next TP=2 over spark-1+spark-2" in text
+    assert "(c) qwen3.8-27b on spark-1, qwen3.6-35b-a3b on spark-2, qwen3.8-flash-next not served" in text
+    # (b): 24 reserved + 20 (27B) + 37.6 + 23.84 (half of Flash-Next's weights and table) on spark-1.
+    assert "qwen3.8-flash-next: weights 37.60 GiB (1/2 of 75.20 GiB)" in text
+    assert "n-gram table 23.84 GiB (1/2 of 320,001,536 x 160 fp8 = 47.68 GiB, pinned host memory)" in text
+    assert "KV: qwen3.8-27b 8.07 GiB, qwen3.8-flash-next 8.06 GiB" in text
+    assert "KV: qwen3.8-27b 77.60 GiB" in text
+    assert text.count("SLO attainment") == 3 and "recommended (fits, stock vLLM, most load): (" in text
+    assert "<svg" in out.read_text()
+
+
+def test_tensor_parallel_steps_pay_the_link() -> None:
+    from gateway.plan.fleet import Link, TensorParallel
+
+    tp = TensorParallel(ranks=2, allreduces=96, activation_bytes=5120, link=Link(bytes_per_s=22.5e9, latency_s=20e-6))
+    # A decode step of 4 sequences: latency-bound, ~1.9 ms; a 4,096-token prefill: ~91 ms.
+    assert abs(tp.step_s(4) - 96 * (20e-6 + 4 * 5120 / 22.5e9)) < 1e-12
+    assert 0.09 < tp.step_s(4096) < 0.095
