@@ -266,12 +266,118 @@ EXTRA_ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 ARCHITECTURES.update(EXTRA_ARCHITECTURES)
 
+# --- Qwen4Exp: Qwen3.8-Flash-Next's architecture in vLLM 0.32 (config only, meta device) ---
+# No forward pass runs on the CPU build (its kernels are Triton), so these load on the meta
+# device under benchmarks/meta_engine.py: the KV spec and the scheduler's blocks are real.
+# The full shape: no official config.json is public. Sources, each agreeing with the others:
+# vLLM 0.32's kernels for it (vllm/models/qwen4_exp/nvidia/low_latency_gemm.py: GDN QKVZ
+# 16384 = 2*16*128 + 2*48*128, out proj 6144 = 24 heads * 256, QSA QKV 3072 + 512 + 640;
+# fused_moe/oracle/mxfp4.py: "E=512, H=2560, N=640"; nvidia/indexer_qsa.py: indexer head 128,
+# rotary 64), its GGUF metadata (heads 24 / kv 2 of 256, indexer 4 x 128, top_k 2048,
+# compress ratio 4, hc 4 / 320, rope sections [11, 11, 10], base 1e7, nextn 1) and the
+# public "[160, 320001536]" n-gram table tensor, which this PLE config reproduces.
+_QWEN4_EXP_TEXT: dict[str, Any] = dict(
+    architectures=["Qwen4ExpForCausalLM"],
+    model_type="qwen4_exp_text",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    torch_dtype="bfloat16",
+    tie_word_embeddings=False,
+    attention_bias=False,
+    bos_token_id=PAD_TOKEN_ID,
+    eos_token_id=EOS_TOKEN_ID,
+    pad_token_id=PAD_TOKEN_ID,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    mamba_ssm_dtype="float32",
+    indexer_kv_heads=1,
+    indexer_head_dim=128,
+    indexer_budget=2048,
+    indexer_compress_ratio=4,
+    hc_count=4,
+    ple_conv_kernel_size=4,
+    ngram_size=3,
+    heads_per_ngram=8,
+    make_ngram_vocab_size_divisible_by=128,
+    output_gate_type="sigmoid",
+    norm_topk_prob=True,
+)
+
+
+def _qwen4_exp_layers(groups: int) -> list[str]:
+    return ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * groups
+
+
+QWEN4_EXP_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    # Qwen3.8-Flash-Next: 48 layers = 12 x (3 GDN + 1 QSA), PLE on (one-indexed) layer 2.
+    "qwen4_exp_flash_next": dict(
+        _QWEN4_EXP_TEXT,
+        vocab_size=248320,
+        hidden_size=2560,
+        num_hidden_layers=48,
+        layer_types=_qwen4_exp_layers(12),
+        num_attention_heads=24,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=640,
+        shared_expert_intermediate_size=640,
+        indexer_n_heads=4,
+        hc_lowrank=320,
+        ple_layer_ids=[2],
+        ple_embed_dim=2560,
+        ngram_vocab_size_base=20_000_000,
+        split_ngram_parts=128,
+        max_position_embeddings=262144,
+        mtp_num_hidden_layers=1,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+    ),
+    # The same layer pattern at 1/12 the depth and a small width, Qwen3's vocabulary.
+    "qwen4_exp_tiny": dict(
+        _QWEN4_EXP_TEXT,
+        vocab_size=QWEN3_VOCAB_SIZE,
+        hidden_size=256,
+        num_hidden_layers=4,
+        layer_types=_qwen4_exp_layers(1),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        indexer_n_heads=2,
+        hc_lowrank=32,
+        ple_layer_ids=[2],
+        ple_embed_dim=256,
+        ngram_vocab_size_base=1000,
+        split_ngram_parts=1,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
+    ),
+}
+ARCHITECTURES.update(QWEN4_EXP_ARCHITECTURES)
+
 DEFAULT_MODELS: dict[str, TinyModelSpec] = {
     "tiny-qwen3": TinyModelSpec(architecture="qwen3", with_weights=True),
     "tiny-qwen3-moe": TinyModelSpec(architecture="qwen3_moe"),
     "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
     "tiny-qwen3-swa": TinyModelSpec(architecture="qwen3_swa"),
     "tiny-gemma3-swa": TinyModelSpec(architecture="gemma3_swa"),
+    "tiny-qwen4-exp": TinyModelSpec(architecture="qwen4_exp_tiny"),
+    "flash-next-shape": TinyModelSpec(architecture="qwen4_exp_flash_next"),
 }
 
 
