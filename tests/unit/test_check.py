@@ -20,7 +20,7 @@ CONFIG = ROOT / "config"
 BROKEN = Path(__file__).resolve().parent / "broken_configs"
 # The tiny models exist on this machine (`make models`); the DGX Spark's /models do not.
 LOCAL = ["default.yaml", "frontend.yaml", "replay.yaml", "sim-dgx-spark.yaml"]
-SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml"]
+SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml", "dgx-spark-ple-disk.yaml", "dgx-spark-ple-disk-2.yaml"]
 TOKEN = "SPARKGATE_ENGINE_TOKEN"
 _EXPECT = re.compile(r"^# expect \[(\w+)\] (.+)$", re.MULTILINE)
 
@@ -289,3 +289,13 @@ def test_vllm_server_hybrid_is_known_without_config_json(tmp_path: Path) -> None
     m["vllm_server"] = {"address": "http://spark-2:8000"}
     codes, msg, _ = _check(tmp_path, {"models": [m]}, skip_local=True)
     assert codes == {"hybrid_server"} and "the box model's Qwen3.8-Flash-Next: 48 layers, 12 of them" in msg
+
+
+def test_the_disk_table_config_counts_what_it_needs() -> None:
+    """Placement (a), shipped for a vLLM build with disk-backed PLE: check names that build and
+    counts the weights, the table (on disk: 0 resident), its buffer and the KV in whole blocks."""
+    plan = "\n".join(check_config(CONFIG / "dgx-spark-ple-disk-2.yaml", skip_local=True).plan)
+    assert "qwen3.8-flash-next: weights 75.20 GiB" in plan
+    assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, via the page cache" in plan
+    assert "requires: vLLM with disk-backed PLE: the b12x fork image" in plan
+    assert "qwen3.8-flash-next KV: 528 blocks of 3216 tokens (43.38 MiB), 36 of them state blocks" in plan

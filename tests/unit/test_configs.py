@@ -21,6 +21,8 @@ CONFIG = Path(__file__).resolve().parents[2] / "config"
         "sim-dgx-spark.yaml",
         "dgx-spark.yaml",
         "dgx-spark-2.yaml",
+        "dgx-spark-ple-disk.yaml",
+        "dgx-spark-ple-disk-2.yaml",
         "replay.yaml",
         "frontend.yaml",
     ],
@@ -49,14 +51,20 @@ def test_real_deployment_two_boxes() -> None:
 
 def test_no_shipped_config_needs_a_setting_stock_vllm_lacks() -> None:
     """VLLM_PLE_TABLE_MEMORY is not stock vLLM 0.32's (a fork's): no shipped config or compose
-    file sets it, and a table on disk names the build it needs (the settings refuse it else)."""
+    file sets it (a config may name it only as the build it requires), a table on disk names the
+    build it needs (the settings refuse it else), and the stock deployment has none."""
     root = CONFIG.parent
     for f in [*CONFIG.glob("*.yaml"), *(root / "deploy/dgx-spark").glob("*.yml")]:
-        text = "\n".join(line for line in f.read_text().splitlines() if not line.lstrip().startswith("#"))
-        assert "VLLM_PLE_TABLE_MEMORY" not in text, f
-    for name in ("dgx-spark.yaml", "dgx-spark-2.yaml", "sim-dgx-spark.yaml"):
-        for m in load_settings(CONFIG / name).models:
+        for line in f.read_text().splitlines():
+            if "VLLM_PLE_TABLE_MEMORY" in line and not line.lstrip().startswith("#"):
+                assert "requires_build:" in line, (f, line)
+    needs = {}
+    for f in CONFIG.glob("*.yaml"):
+        for m in load_settings(f).models:
             assert m.ple_table is None or m.ple_table.placement != "disk" or m.ple_table.requires_build
+            if m.ple_table is not None and m.ple_table.requires_build:
+                needs[f.name] = m.name
+    assert needs == {"dgx-spark-ple-disk-2.yaml": "qwen3.8-flash-next"}
 
 
 def test_the_three_models_never_share_one_box() -> None:
