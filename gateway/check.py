@@ -432,9 +432,27 @@ def _memory_plan(s: Settings) -> tuple[list[Problem], MemoryPlan | PlanDoesNotFi
         msg = "the memory plan (box:) needs weights_bytes for every model using this box's memory"
         return [Problem("memory_plan", f"model {n!r}: {msg}") for n in unknown], None
     plan = s.memory_plan()
+    wrong = [_ple_args_problem(m) for m in s.local_models()]
+    problems = [Problem("memory_plan", why) for why in wrong if why is not None]
     if isinstance(plan, PlanDoesNotFit):
-        return [Problem("memory_plan", plan.message)], plan
-    return [], plan
+        return [*problems, Problem("memory_plan", plan.message)], plan
+    return problems, plan
+
+
+def _ple_args_problem(m: ModelSettings) -> str | None:
+    """The table's planned placement is the one vLLM gets: `--engram-config`'s cpu_offload
+    (vLLM 0.32: true, its default, is pinned host memory; false is device memory)."""
+    if m.ple_table is None or m.engine != "vllm" or m.ple_table.placement == "disk":
+        return None
+    engram = m.engine_args.get("engram_config")
+    offload = engram.get("cpu_offload", True) if isinstance(engram, dict) else True
+    if offload == (m.ple_table.placement == "host"):
+        return None
+    want = "true (or unset)" if m.ple_table.placement == "host" else "false"
+    return (
+        f"model {m.name!r}: ple_table.placement {m.ple_table.placement} but engine_args.engram_config.cpu_offload "
+        f"is {str(offload).lower()}: set it to {want}, or the placement to what vLLM will do"
+    )
 
 
 @dataclass(frozen=True, slots=True)

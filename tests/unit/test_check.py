@@ -299,3 +299,13 @@ def test_the_disk_table_config_counts_what_it_needs() -> None:
     assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, via the page cache" in plan
     assert "requires: vLLM with disk-backed PLE: the b12x fork image" in plan
     assert "qwen3.8-flash-next KV: 528 blocks of 3216 tokens (43.38 MiB), 36 of them state blocks" in plan
+
+
+def test_the_table_placement_is_the_one_vllm_gets(tmp_path: Path) -> None:
+    box = {"memory": "256GiB"}
+    device = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "device"}}
+    codes, msg, _ = _check(tmp_path, {"box": box, "models": [device]})
+    assert codes == {"memory_plan"} and "engine_args.engram_config.cpu_offload is true: set it to false" in msg
+    ok = device | {"engine_args": {"engram_config": {"cpu_offload": False}}}
+    assert _check(tmp_path, {"box": box, "models": [ok]})[0] == set()
+    assert _check(tmp_path, {"box": box, "models": [FLASH]})[0] == set()  # host: vLLM's default
