@@ -136,14 +136,16 @@ def _spec_kind(spec: Any) -> str:
 
 def _bytes_per_block(kv_cache_config: Any) -> int:
     """What one block id costs the pool, from the tensors the engine allocates. In 0.32
-    every tensor is a view of one allocation of `size` bytes (groups alias it); 0.26's
-    tensors (`shared_by`) are separate slots that the groups share."""
+    every tensor is a view of one allocation of `size` bytes (groups alias it). 0.26's
+    tensors (`shared_by`) are separate slots the groups share, unless packed: views of one
+    allocation whose `block_stride` is the whole block."""
     tensors = list(kv_cache_config.kv_cache_tensors)
     num_blocks = int(kv_cache_config.num_blocks)
     if not tensors or num_blocks <= 0:
         return 0
     if all(hasattr(t, "shared_by") for t in tensors):
-        return sum(int(t.size) for t in tensors) // num_blocks
+        packed = max(int(getattr(t, "block_stride", 0) or 0) for t in tensors)
+        return packed or sum(int(t.size) for t in tensors) // num_blocks
     return max(int(t.size) for t in tensors) // num_blocks
 
 

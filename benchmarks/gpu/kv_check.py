@@ -32,6 +32,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 REQUESTS = [(100, 30), (1056, 1), (1057, 1), (2113, 64), (4300, 64)]
 
 
+def _brief(spec: Any) -> list[Any]:
+    return [spec.num_blocks, spec.block_size, spec.bytes_per_block, sorted((g.kind, g.num_layers) for g in spec.groups)]
+
+
 def run_case(name: str, out: Path) -> bool:
     sys.path.insert(0, str(ROOT))
     from vllm import SamplingParams
@@ -42,7 +46,13 @@ def run_case(name: str, out: Path) -> bool:
 
     shape, extra = CASES[name]
     engine, vocab, startup_s = dummy_engine(
-        name, shape, max_num_seqs=8, max_model_len=16384, kv_cache_memory_bytes=4 * 1024**3, **extra
+        name,
+        shape,
+        max_num_seqs=8,
+        max_model_len=16384,
+        kv_cache_memory_bytes=4 * 1024**3,
+        worker_extension_cls="engine_adapter.vllm_local.KVLayoutReporter",
+        **extra,
     )
     res: dict[str, Any] = {"case": name, "startup_s": startup_s, "checks": []}
     core = engine.engine_core.engine_core
@@ -82,6 +92,10 @@ def run_case(name: str, out: Path) -> bool:
     check("block size", engine.vllm_config.cache_config.block_size, spec.block_size)
     check("groups (spec class, layers, block size)", [list(g) for g in real_groups], [list(g) for g in ours])
     check("kv bytes // bytes_per_block == num_blocks", spec.kv_cache_bytes // spec.bytes_per_block, spec.num_blocks)
+    # What the gateway reads at start: the worker's own KV cache config, over collective_rpc.
+    (worker_layout,) = engine.collective_rpc("sparkgate_kv_layout")
+    worker = kv_spec_from_layout(worker_layout, engine.vllm_config)
+    check("worker's layout == scheduler's (groups, block, bytes)", _brief(worker), _brief(spec))
 
     peak = [0]
     original = sched.schedule
