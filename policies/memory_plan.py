@@ -5,7 +5,7 @@ pool draw on one unified memory (MemTotal 121.6 GiB). Over-committing it does no
 fast: pages migrate and latency swings. So the plan is checked before any
 engine starts, and each engine is told its exact KV bytes.
 
-Everything an engine holds is counted (issue 41): its weights (its shard of them under
+Everything an engine holds is counted: its weights (its shard of them under
 tensor parallelism), a per-layer n-gram embedding table (Qwen4Exp's PLE) by dtype and
 placement, that table's prefetch buffer, and a KV pool in whole blocks that must hold
 every running sequence's state blocks besides one max_model_len sequence.

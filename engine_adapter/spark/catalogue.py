@@ -195,7 +195,7 @@ MODELS: dict[str, ModelSpec] = {
     # Flash-Next is vLLM 0.32's Qwen4Exp architecture (vllm/models/qwen4_exp/; its kernels say
     # "tuned on SM100f for Qwen3.8-Flash-Next"). No official config.json is public; the shape is read
     # from vLLM 0.32's sources and the public GGUF metadata, which agree (reference:
-    # /work/shared/reference/flash-next.md, issue 41):
+    # docs/kv-footprint.md section 7a):
     # - nvidia/low_latency_gemm.py:27-140 (TP=4 decode GEMM plans, widths x4): GDN QKVZ
     #   16384 = 2*16*128 + 2*48*128 (16 key / 48 value heads of 128), B/A 96 = 2*48; out proj
     #   6144 = 48*128 = 24 q heads * 256; QSA QKV+gate 2*24*256, K/V 2 heads * 256, indexer

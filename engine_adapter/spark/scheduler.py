@@ -169,7 +169,7 @@ class BoxSim:
     def state_blocks(self, full_blocks: int) -> int:
         """Pool blocks a request holds at its peak besides its `full_blocks` attention blocks, in
         vLLM 0.32 (v1/core/single_type_kv_cache_manager.py, measured on its scheduler with the
-        Flash-Next shape, issue 41): each ring group one; each state group one, or in mamba_cache_mode
+        Flash-Next shape): each ring group one; each state group one, or in mamba_cache_mode
         "align" two once the request spans more than one block (the previous state block stays for
         the step that crosses into the next). Flash-Next: 6 if F = 1, else F + 9 (align) or F + 5."""
         m = self.model

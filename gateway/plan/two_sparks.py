@@ -1,4 +1,4 @@
-"""`sparkgate plan --two-sparks`: where Qwen3.8-Flash-Next can live on two DGX Sparks (issue 41).
+"""`sparkgate plan --two-sparks`: where Qwen3.8-Flash-Next can live on two DGX Sparks.
 
 Flash-Next's n-gram (PLE) table is 51.2B parameters (47.68 GiB FP8, 95.37 GiB BF16). Stock
 vLLM 0.32 keeps it in pinned host memory or on the device, which on a Spark are the same
