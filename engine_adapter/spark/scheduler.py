@@ -214,8 +214,8 @@ class BoxSim:
     def kv_spec(self) -> KVSpec:
         """The pool as `policies.kv` reads it: one full-attention group over the full-attention
         layers (the linear state is reserved outside the pool, so it costs no blocks); with the
-        state in the pool (`pooled_state`), also its state groups, and each ring as a state group
-        that never aligns (one block for the request's life, as `state_blocks` counts it)."""
+        state in the pool (`pooled_state`), also its state groups and its rings (one block for
+        the request's life, as `state_blocks` counts it)."""
         m = self.model
         page = self.block_size * (2 * m.kv_heads * m.head_dim * m.kv_dtype_bytes + m.indexer_bytes_per_token)
         groups = [
@@ -242,11 +242,10 @@ class BoxSim:
             ]
             groups += [
                 KVGroup(
-                    kind="linear_attention",
+                    kind="ring",
                     num_layers=m.full_attention_layers,
                     block_size=self.block_size,
                     page_bytes_per_layer=page,
-                    mamba_mode="none",
                 )
                 for _ in range(m.ring_groups)
             ]
