@@ -1,4 +1,5 @@
-"""One error hierarchy, mapped to OpenAI's error JSON in one place.
+"""One error hierarchy, mapped to each API's error JSON in one place (OpenAI's, and
+Anthropic's for the Messages API: `shape_of` picks by the request's path).
 
     GatewayError                      status  type                    code
      +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value, invalid_type)
@@ -24,6 +25,12 @@
      +-- ShuttingDown                   503   server_error            server_shutting_down
      +-- InternalError                  500   server_error            internal_error
 
+Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, names the kind by the
+status (`ANTHROPIC_TYPES`): 400 invalid_request_error, 401 authentication_error,
+403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+500 api_error; an `Overloaded` box (no room, queue timeout) is 529 overloaded_error, as
+Anthropic answers when its capacity is full.
+
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
 (`policies.admission.Reject`, a value) are translated here too (and quota
 refusals, `policies.quotas.Deny`), so routes
@@ -36,7 +43,7 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -58,6 +65,27 @@ def _retry_after(seconds: float) -> str:
 
 
 retry_after_header = _retry_after  # for the modules that build an error's headers themselves
+
+
+Api = Literal["openai", "anthropic"]
+
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def shape_of(path: str) -> Api:
+    """Which API's error shape a request to this path gets."""
+    return "anthropic" if path.startswith(ANTHROPIC_PATHS) else "openai"
 
 
 class GatewayError(Exception):
@@ -86,6 +114,14 @@ class GatewayError(Exception):
         # Messages may quote the client's input (a model name, a value): never a key back.
         param = None if self.param is None else redact(self.param)
         return {"error": {"message": redact(self.message), "type": self.error_type, "param": param, "code": self.code}}
+
+    @property
+    def anthropic_status(self) -> int:
+        return 529 if isinstance(self, Overloaded) else self.status
+
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = ANTHROPIC_TYPES.get(self.anthropic_status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": redact(self.message)}}
 
 
 class InvalidRequest(GatewayError):
@@ -335,7 +371,9 @@ def from_exception(exc: BaseException) -> GatewayError:
     return InternalError("The server had an error while processing your request.")
 
 
-def to_response(err: GatewayError) -> JSONResponse:
+def to_response(err: GatewayError, api: Api = "openai") -> JSONResponse:
+    if api == "anthropic":
+        return JSONResponse(err.anthropic_body(), status_code=err.anthropic_status, headers=err.headers)
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
@@ -418,17 +456,18 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
 
 def answer(request: Request, err: GatewayError) -> JSONResponse:
     """The one way a failure is answered: noted in the request's log line and the dashboard,
-    then OpenAI's error JSON (the handlers below, and middleware that answers before routing)."""
+    then the asking API's error JSON (the handlers below, and middleware that answers before
+    routing)."""
     request_log.note_error(request, err)  # the request's log line says why
     # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
     recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
     if recent is not None:
         recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
-    return to_response(err)
+    return to_response(err, shape_of(request.url.path))
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers that turn every failure into OpenAI error JSON."""
+    """Register the handlers that turn every failure into the asking API's error JSON."""
 
     async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
         return answer(request, from_exception(exc))

@@ -26,8 +26,16 @@ def client_address(request: Request) -> str:
     return client_key(request.client.host if request.client is not None else None)
 
 
+def credentials(request: Request, authorization: str | None) -> str | None:
+    """The key as `Authorization: Bearer` (OpenAI's SDKs) or `x-api-key` (Anthropic's)."""
+    if authorization is None and (key := request.headers.get("x-api-key")) is not None:
+        return f"Bearer {key}"
+    return authorization
+
+
 async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     state = get_state(request)
+    authorization = credentials(request, authorization)
     principal = await state.failed_auth.guarded(client_address(request), lambda: state.keys.authenticate(authorization))
     request.state.user = principal.name  # for the dashboard's rejections (gateway/errors.py)
     request_log.note_caller(request, principal)

@@ -20,8 +20,8 @@ from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
 from gateway.http import response_docs, responses_input, responses_schemas
 from gateway.http.deps import Caller, State
-from gateway.http.openai import answer, routing_of
 from gateway.http.responses_output import ResponseEncoder, new_id
+from gateway.http.serving import Surface, answer, routing_of
 from gateway.responses_store import StoredResponse
 from gateway.state import AppState
 
@@ -69,7 +69,7 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
         save=save if req.store else None,
         summary=req.reasoning is not None and req.reasoning.summary is not None,
     )
-    return await answer(job, state, request, complete=encoder.complete, stream=encoder.stream)
+    return await answer(job, state, request, Surface(encoder.complete, encoder.stream))
 
 
 @router.get("/responses/{response_id}")

@@ -253,7 +253,7 @@ def _tally(job: Job) -> _Tally:
 
 @dataclass
 class ResponseEncoder:
-    """One request's encoders (`complete`, `stream`, the shapes `gateway.http.openai.answer`
+    """One request's encoders (`complete`, `stream`, the shapes `gateway.http.serving.answer`
     takes), with what the response object needs beyond the job."""
 
     id: str
