@@ -72,6 +72,24 @@ LONG = "\n".join(f"{i}. Sentence number {i} of a long answer keeps the stream go
 # back a partial character until the token that completes it.
 UNICODE = "Paris 🇫🇷 is the capital of France; Tokyo 東京 is the capital of Japan. Café au lait, naïve."
 
+# Coding agents' sessions, one text per turn: turn k answers a prompt with k tool results
+# after its tag (an agent runs the call, then asks again with its result).
+# Claude Code runs its Bash tool, then the model answers from its output.
+CLAUDE_BASH = (
+    '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo sparkgate-$((6*7))", '
+    '"description": "Print a marker"}}\n</tool_call>',
+    "The command printed sparkgate-42.",
+)
+# Codex CLI applies a patch with its freeform `apply_patch` tool (offered to the model as a
+# function of one string, `input`), then the model says what it did.
+CODEX_PATCH = (
+    '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch\\n*** Add File: '
+    'hello.txt\\n+hello from sparkgate\\n*** End Patch\\n"}}\n</tool_call>',
+    "I created hello.txt.",
+)
+SCRIPTS: dict[str, tuple[str, ...]] = {"claude_bash": CLAUDE_BASH, "codex_patch": CODEX_PATCH}
+TOOL_RESPONSE = "<tool_response>"  # how the Qwen templates open a tool's result
+
 RECORDINGS: dict[str, str] = {
     "answer": ANSWER,
     "think": THINK,
@@ -83,11 +101,20 @@ RECORDINGS: dict[str, str] = {
     "think_open": THINK_OPEN,
     "long": LONG,
     "unicode": UNICODE,
+    **{f"{name}#{k}": text for name, turns in SCRIPTS.items() for k, text in enumerate(turns)},
 }
 
 
 def select(prompt_text: str) -> str:
-    """The recording a prompt asks for: its last `[[replay:NAME]]` tag, else `answer`.
+    """The recording a prompt asks for: its last `[[replay:NAME]]` tag, else `answer`; for a
+    script, its turn `NAME#k`, k the tool results after the tag (its last turn at most).
     A name that is not a recording is returned as is (the engine rejects it)."""
-    names = TAG.findall(prompt_text)
-    return names[-1] if names else DEFAULT_RECORDING
+    tags = list(TAG.finditer(prompt_text))
+    if not tags:
+        return DEFAULT_RECORDING
+    name = tags[-1].group(1)
+    turns = SCRIPTS.get(name)
+    if turns is None:
+        return name
+    k = prompt_text[tags[-1].end() :].count(TOOL_RESPONSE)
+    return f"{name}#{min(k, len(turns) - 1)}"
