@@ -20,7 +20,17 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
-from gateway.http import admin, body_limits, dashboard, draining, openai, ops, response_docs, responses_api
+from gateway.http import (
+    admin,
+    body_limits,
+    dashboard,
+    draining,
+    messages_api,
+    openai,
+    ops,
+    response_docs,
+    responses_api,
+)
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
@@ -294,6 +304,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
     app.add_middleware(request_log.RequestLogMiddleware)  # outermost: it times the whole request
     app.include_router(openai.router)
     app.include_router(responses_api.router)
+    app.include_router(messages_api.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(admin.admin_router)

@@ -44,6 +44,7 @@ DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = (
     r"\b(?:request|req|trace|session|correlation)[ _-]?id\b\s*[:=#]?\s*\S+",  # request ids
     r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* +\d{1,2},? +\d{4}\b",  # "November 29, 2026"
     r"\b\d{1,2} +(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* +\d{4}\b",  # "29 Nov 2026"
+    r"^x-anthropic-billing-header:",  # Claude Code's first system line: a hash per request (cch=...)
 )
 NOTE_HEADER = "Context for this turn (moved from the instructions):"
 

@@ -343,6 +343,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 REPLAY = "replay"  # a replay engine, tool calls read as Qwen3's JSON form (the tiny template's)
 REPLAY_XML = "replay-xml"  # the same recordings, tool calls read as the XML form
+# The same recordings with a coding agent's context: Claude Code sends a ~12K-token prompt
+# and asks 32,000 output tokens (the replay engine holds no KV: a long context costs nothing).
+REPLAY_AGENTS = "replay-agents"
+AGENT_MAX_LEN = 131072
 
 
 def replay_config(tmp: Path, port: int) -> Path:
@@ -356,6 +360,7 @@ def replay_config(tmp: Path, port: int) -> Path:
         "models": [
             {"name": REPLAY, "engine": "replay", "path": path, "max_model_len": 4096},
             {"name": REPLAY_XML, "engine": "replay", "path": path, "max_model_len": 4096, "tool_parser": "qwen3_xml"},
+            {"name": REPLAY_AGENTS, "engine": "replay", "path": path, "max_model_len": AGENT_MAX_LEN},
         ],
     }
     out = tmp / "sparkgate-replay.yaml"

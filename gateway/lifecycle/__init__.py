@@ -1,5 +1,5 @@
-"""One request's life, top to bottom, for every API surface (chat, completions, and those to
-come): `prepare` turns the API request into a `Job` and takes no hold on anything; `run`
+"""One request's life, top to bottom, for every API surface (chat, completions, Responses,
+Messages): `prepare` turns the API request into a `Job` and takes no hold on anything; `run`
 takes the job's holds in order, produces the answer, and gives every hold back exactly once.
 
     prepare.prepare_chat / prepare_completion   validate, normalize, tokenize once, route, budget
@@ -11,7 +11,7 @@ OpenAI's chat and completions) and a function that returns when its client disco
 """
 
 from gateway.lifecycle.job import Job, Meter
-from gateway.lifecycle.prepare import NO_ROUTING, Routing, prepare_chat, prepare_completion
+from gateway.lifecycle.prepare import NO_ROUTING, Routing, count_chat, prepare_chat, prepare_completion
 from gateway.lifecycle.run import ClientLeft, Running, start
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Meter",
     "Routing",
     "Running",
+    "count_chat",
     "prepare_chat",
     "prepare_completion",
     "start",

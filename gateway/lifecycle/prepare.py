@@ -393,6 +393,24 @@ async def prepare_chat(
     return job
 
 
+async def count_chat(
+    req: ChatCompletionRequest,
+    registry: ModelRegistry,
+    principal: Principal,
+    limits: LimitSettings,
+    routing: Routing = NO_ROUTING,
+) -> int:
+    """The prompt tokens `prepare_chat` would count for this request (and the quota charge),
+    with nothing run: rendered and normalized the same way, by the first model it may use."""
+    candidates = _candidates(registry, routing, req.model, principal)
+    _at_most(len(req.messages), limits.max_messages, "messages", "messages")
+    _at_most(len(req.tools or ()), limits.max_tools, "tools", "tools")
+    _tools_checked(req)
+    first = candidates[0]
+    prompt, _ = await _render_for(first, _messages_for_template(req.messages), req, _prefix_policy(first, principal))
+    return len(prompt)
+
+
 def _prefix_policy(served: ServedModel, principal: Principal) -> prefix.PrefixPolicy | None:
     """The model's normalization settings, unless the key turns normalization off (or on)."""
     cfg = served.settings.prefix

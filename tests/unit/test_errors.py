@@ -1,11 +1,23 @@
+import json
+
+import pytest
+
 from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
 from gateway.errors import (
+    AuthenticationFailed,
     ContextLengthExceeded,
     EngineUnavailableError,
+    GatewayError,
     InternalError,
     InvalidRequest,
     ModelNotFound,
+    Overloaded,
+    PermissionDenied,
+    RateLimited,
+    RequestTooLarge,
     from_exception,
+    shape_of,
+    to_response,
 )
 
 
@@ -56,3 +68,30 @@ def test_quota_refusals_speak_the_sdk_s_language() -> None:
     assert held.code == "rate_limit_exceeded" and "in flight" in held.message
     conc = from_quota_refusal("key:k1", Deny(DenyReason.CONCURRENCY, 1000, 2, 2), 20)
     assert "concurrent requests" in conc.message and conc.body()["error"]["type"] == "requests"
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "kind"),
+    [
+        (InvalidRequest("bad"), 400, "invalid_request_error"),
+        (AuthenticationFailed("who?"), 401, "authentication_error"),
+        (PermissionDenied("no"), 403, "permission_error"),
+        (ModelNotFound("nope"), 404, "not_found_error"),
+        (RequestTooLarge("big"), 413, "request_too_large"),
+        (RateLimited("slow down", headers={"Retry-After": "3"}), 429, "rate_limit_error"),
+        (Overloaded("the box is full"), 529, "overloaded_error"),
+        (EngineUnavailableError("down"), 503, "api_error"),
+        (InternalError("bug"), 500, "api_error"),
+    ],
+)
+def test_anthropic_shape(err: GatewayError, status: int, kind: str) -> None:
+    r = to_response(err, "anthropic")
+    assert r.status_code == status
+    assert json.loads(r.body) == {"type": "error", "error": {"type": kind, "message": err.message}}
+    assert dict(r.headers).items() >= {k.lower(): v for k, v in err.headers.items()}.items()
+    assert to_response(err).status_code == err.status  # OpenAI's shape keeps its status
+
+
+def test_the_path_picks_the_shape() -> None:
+    assert shape_of("/v1/messages") == shape_of("/v1/messages/count_tokens") == "anthropic"
+    assert shape_of("/v1/chat/completions") == shape_of("/v1/responses") == shape_of("/") == "openai"

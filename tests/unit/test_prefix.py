@@ -56,6 +56,7 @@ def test_volatile_lines_move_to_a_note_after_the_latest_user_turn() -> None:
         "session 3f2b8c1e-9a4d-4e5f-8a7b-1c2d3e4f5a6b",
         "Date: November 29, 2026",
         "It is 29 Nov 2026 here.",
+        "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli; cch=4f1e2;",  # Claude Code
     ],
 )
 def test_default_patterns(line: str) -> None:

@@ -1,0 +1,249 @@
+"""A job's engine output as an Anthropic Messages answer: one message object, or the
+server-sent events the official SDKs parse.
+
+The output is read with the job's `TurnParser` (gateway/text/assistant.py); its events
+become content blocks, one open at a time:
+
+    ReasoningDelta  -> a `thinking` block (its text left out under `display: omitted`)
+    ContentDelta    -> a `text` block
+    ToolCallStart   -> a `tool_use` block; ToolCallArgs its input, ToolCallEnd closes it
+
+Streamed: `message_start` (once the engine has the prompt: its usage says what the prefix
+cache held), `ping`, then per block `content_block_start`, deltas (`text_delta`,
+`thinking_delta` then a `signature_delta`, `input_json_delta`), `content_block_stop`; then
+`message_delta` with the stop reason and the usage, and `message_stop`. An error after the
+stream started is an `error` event.
+
+stop_reason: `tool_use` when the turn called a tool, `max_tokens` at the token limit,
+`stop_sequence` (naming it) at a stop sequence, else `end_turn`. Usage: `input_tokens` are
+the prompt tokens neither read from the prefix cache (`cache_read_input_tokens`) nor newly
+written to it in whole blocks (`cache_creation_input_tokens`); the three add up to the prompt
+the quota is charged for, which `count_tokens` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engine_adapter.base import EngineChunk
+from gateway.errors import from_exception
+from gateway.lifecycle.job import Job
+from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
+from policies import prefix
+
+log = logging.getLogger(__name__)
+
+BlockKind = Literal["text", "thinking", "tool_use"]
+SIGNATURE = ""  # thinking is not signed here: a client sends it back as it got it
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}_{uuid.uuid4().hex[:24]}"
+
+
+def sse(event: dict[str, Any]) -> str:
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n"
+
+
+@dataclass
+class _Block:
+    kind: BlockKind
+    index: int
+    text: str = ""  # a text's or thinking's text, a tool_use's input JSON
+    id: str = ""
+    name: str = ""
+
+    def body(self, *, shown: bool = True) -> dict[str, Any]:
+        if self.kind == "text":
+            return {"type": "text", "text": self.text}
+        if self.kind == "thinking":
+            return {"type": "thinking", "thinking": self.text if shown else "", "signature": SIGNATURE}
+        try:
+            call_input = json.loads(self.text) if self.text else {}
+        except ValueError:  # a call cut short by the token limit
+            call_input = {}
+        return {"type": "tool_use", "id": self.id, "name": self.name, "input": call_input}
+
+
+class Blocks:
+    """Parser events -> content blocks (`content`, closed ones) and the stream events that
+    build them (returned by `apply` and `close`)."""
+
+    def __init__(self, *, thinking_shown: bool) -> None:
+        self.content: list[dict[str, Any]] = []
+        self.shown = thinking_shown
+        self.tool_calls = 0
+        self._open: _Block | None = None
+
+    def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, ReasoningDelta | ContentDelta):
+                if not e.text:
+                    continue
+                kind: BlockKind = "thinking" if isinstance(e, ReasoningDelta) else "text"
+                block = self._text_block(kind, out)
+                block.text += e.text
+                if kind == "text":
+                    delta = {"type": "text_delta", "text": e.text}
+                elif self.shown:
+                    delta = {"type": "thinking_delta", "thinking": e.text}
+                else:
+                    continue
+                out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
+            elif isinstance(e, ToolCallStart):
+                self._close(out)
+                self.tool_calls += 1
+                block = self._open = _Block("tool_use", len(self.content), id=_tool_use_id(e.id), name=e.name)
+                start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+                out.append({"type": "content_block_start", "index": block.index, "content_block": start})
+            elif isinstance(e, ToolCallArgs):
+                if self._open is None or self._open.kind != "tool_use" or not e.delta:
+                    continue
+                self._open.text += e.delta
+                delta = {"type": "input_json_delta", "partial_json": e.delta}
+                out.append({"type": "content_block_delta", "index": self._open.index, "delta": delta})
+            elif self._open is not None and self._open.kind == "tool_use":  # ToolCallEnd
+                self._open.text = e.arguments
+                self._close(out)
+        return out
+
+    def close(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        self._close(out)
+        return out
+
+    def _text_block(self, kind: BlockKind, out: list[dict[str, Any]]) -> _Block:
+        if self._open is not None and self._open.kind == kind:
+            return self._open
+        self._close(out)
+        block = self._open = _Block(kind, len(self.content))
+        start = (
+            {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+        )
+        out.append({"type": "content_block_start", "index": block.index, "content_block": start})
+        return block
+
+    def _close(self, out: list[dict[str, Any]]) -> None:
+        block, self._open = self._open, None
+        if block is None:
+            return
+        if block.kind == "thinking":
+            delta = {"type": "signature_delta", "signature": SIGNATURE}
+            out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
+        out.append({"type": "content_block_stop", "index": block.index})
+        self.content.append(block.body(shown=self.shown))
+
+
+def _tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+@dataclass
+class _Tally:
+    prompt_tokens: int
+    cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = field(default=None)
+
+    def observe(self, chunk: EngineChunk) -> None:
+        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
+        for c in chunk.choices:
+            self.output_tokens += len(c.token_ids)
+            if c.finish_reason is not None:
+                self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
+
+    def usage(self) -> dict[str, Any]:
+        written = max(0, self.cacheable_tokens - self.cached_tokens)
+        return {
+            "input_tokens": self.prompt_tokens - self.cached_tokens - written,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+        }
+
+    def stop(self, tool_calls: int) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence)."""
+        if tool_calls:
+            return "tool_use", None
+        if self.finish_reason == "length":
+            return "max_tokens", None
+        if isinstance(self.stop_reason, str):
+            return "stop_sequence", self.stop_reason
+        return "end_turn", None
+
+
+def _tally(job: Job) -> _Tally:
+    prompt = len(job.prompts[0])
+    served = job.served
+    cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
+    return _Tally(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+
+
+@dataclass
+class MessageEncoder:
+    """One request's encoders (`complete`, `stream`: the `Surface` gateway.http.serving takes)."""
+
+    model: str  # the model name the client asked for (Anthropic echoes it)
+    thinking_shown: bool = True
+
+    def _message(self, job: Job, content: list[dict[str, Any]], usage: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": "msg_" + job.id.removeprefix("chatcmpl-")[:24],
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+    async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
+        tally, blocks, parser = _tally(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
+        async for _, chunk in chunks:
+            tally.observe(chunk)
+            for c in chunk.choices:
+                blocks.apply(parser.feed(c.text, c.token_ids))
+        blocks.apply(parser.finish())
+        blocks.close()
+        job.meter.reasoning_tokens = parser.reasoning_tokens
+        body = self._message(job, blocks.content, tally.usage())
+        body["stop_reason"], body["stop_sequence"] = tally.stop(blocks.tool_calls)
+        return body
+
+    async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
+        tally, blocks, parser = _tally(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
+        started = False
+        try:
+            async for _, chunk in chunks:
+                tally.observe(chunk)
+                lines = []
+                if not started:
+                    started = True
+                    opening = self._message(job, [], tally.usage() | {"output_tokens": 0})
+                    lines += [sse({"type": "message_start", "message": opening}), sse({"type": "ping"})]
+                for c in chunk.choices:
+                    lines += [sse(e) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
+                if lines:
+                    yield "".join(lines)
+            job.meter.reasoning_tokens = parser.reasoning_tokens
+            tail = [sse(e) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
+            stop_reason, stop_sequence = tally.stop(blocks.tool_calls)
+            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+            tail.append(sse({"type": "message_delta", "delta": delta, "usage": tally.usage()}))
+            tail.append(sse({"type": "message_stop"}))
+            yield "".join(tail)
+        except Exception as exc:  # the status line is sent: report in-band
+            err = from_exception(exc)
+            job.meter.error_code = err.code
+            log.warning("message stream %s failed: %s", job.id, err.message)
+            yield sse(err.anthropic_body())

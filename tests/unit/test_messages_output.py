@@ -1,0 +1,88 @@
+"""gateway/http/messages_output.py: engine chunks as Anthropic's stream, to its end or its error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from engine_adapter.base import ChoiceDelta, EngineChunk, EngineUnavailable
+from gateway.http.messages_output import MessageEncoder
+from gateway.lifecycle.job import Meter
+from gateway.text.assistant import TurnSpec
+
+
+def job(prompt_tokens: int = 40) -> Any:
+    """What the encoder reads of a job (a stand-in: no engine, no registry)."""
+    served = SimpleNamespace(
+        engine=SimpleNamespace(kv_spec=SimpleNamespace(block_size=16)),
+        settings=SimpleNamespace(enable_prefix_caching=True),
+    )
+    return SimpleNamespace(
+        id="chatcmpl-abc", prompts=(list(range(prompt_tokens)),), served=served, turn=TurnSpec(), meter=Meter()
+    )
+
+
+def chunk(text: str, *, cached: int = 0, finish: Any = None, stop: Any = None) -> EngineChunk:
+    ids = tuple(range(len(text.split())))
+    delta = ChoiceDelta(index=0, text=text, token_ids=ids, finish_reason=finish, stop_reason=stop)
+    return EngineChunk(choices=(delta,), finished=finish is not None, prompt_tokens=40, num_cached_tokens=cached)
+
+
+def events(lines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for frame in "".join(lines).split("\n\n"):
+        if frame:
+            kind, data = frame.split("\n")
+            event = json.loads(data.removeprefix("data: "))
+            assert kind == f"event: {event['type']}"
+            out.append(event)
+    return out
+
+
+async def collect(encoder: MessageEncoder, j: Any, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> list[str]:
+    return [line async for line in encoder.stream(j, chunks)]
+
+
+def test_a_stream_ends_with_the_stop_reason_and_usage() -> None:
+    async def chunks() -> AsyncIterator[tuple[int, EngineChunk]]:
+        yield 0, chunk("Hello ", cached=16)
+        yield 0, chunk("world", finish="stop", stop="STOP")
+
+    out = events(asyncio.run(collect(MessageEncoder(model="m"), job(), chunks())))
+    kinds = [e["type"] for e in out]
+    assert kinds == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    usage = out[0]["message"]["usage"]
+    # 40 prompt tokens: 16 read from the cache, 16 more written in whole blocks (39 // 16 * 16 = 32).
+    assert usage == {
+        "input_tokens": 8,
+        "cache_creation_input_tokens": 16,
+        "cache_read_input_tokens": 16,
+        "output_tokens": 0,
+    }
+    assert out[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}
+    assert out[-2]["usage"] | {"output_tokens": 0} == usage and out[-2]["usage"]["output_tokens"] == 2
+
+
+def test_an_engine_death_mid_stream_is_an_error_event() -> None:
+    j = job()
+
+    async def chunks() -> AsyncIterator[tuple[int, EngineChunk]]:
+        yield 0, chunk("Hello ")
+        raise EngineUnavailable("engine m died")
+
+    out = events(asyncio.run(collect(MessageEncoder(model="m"), j, chunks())))
+    assert [e["type"] for e in out][:2] == ["message_start", "ping"]
+    assert out[-1] == {"type": "error", "error": {"type": "api_error", "message": "engine m died"}}
+    assert j.meter.error_code == "engine_unavailable"
