@@ -5,8 +5,10 @@ Anthropic's for the Messages API: `shape_of` picks by the request's path).
      +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value, invalid_type)
      |    +-- ContextLengthExceeded     400   invalid_request_error   context_length_exceeded
      |    +-- MalformedBody             400   invalid_request_error   invalid_json | invalid_encoding |
-     |                                                                json_too_deep | unsupported_content_type
+     |                                                                json_too_deep | unsupported_content_type |
+     |                                                                invalid_content_encoding
      +-- RequestTooLarge                413   invalid_request_error   request_too_large
+     +-- UnsupportedEncoding            415   invalid_request_error   unsupported_content_encoding
      +-- AuthenticationFailed           401   invalid_request_error   invalid_api_key
      +-- PermissionDenied               403   invalid_request_error   permission_denied
      +-- ModelNotFound                  404   invalid_request_error   model_not_found
@@ -77,6 +79,7 @@ ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     529: "overloaded_error",
 }
@@ -144,6 +147,14 @@ class RequestTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class UnsupportedEncoding(GatewayError):
+    """A request body in a Content-Encoding this gateway cannot decode (gateway/http/body_limits.py)."""
+
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_content_encoding"
 
 
 class AuthenticationFailed(GatewayError):
