@@ -40,6 +40,8 @@ class StructuredOutput:
     json_schema: dict[str, Any] | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
+    # A Lark grammar (vLLM takes it as `grammar`; xgrammar and guidance read Lark).
+    grammar: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -513,6 +513,8 @@ class VllmLocalEngine:
                 structured = StructuredOutputsParams(regex=so.regex)
             elif so.choice is not None:
                 structured = StructuredOutputsParams(choice=list(so.choice))
+            elif so.grammar is not None:
+                structured = StructuredOutputsParams(grammar=so.grammar)
         return SamplingParams(
             n=s.n,
             max_tokens=s.max_tokens,

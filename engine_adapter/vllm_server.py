@@ -202,6 +202,8 @@ def completion_body(request: EngineRequest, model: str) -> dict[str, Any]:
             structured["regex"] = so.regex
         if so.choice is not None:
             structured["choice"] = list(so.choice)
+        if so.grammar is not None:
+            structured["grammar"] = so.grammar
         body["structured_outputs"] = structured
     return body
 
