@@ -14,7 +14,10 @@ of a marker (`<tool_call>`, `</think>`), so streamed text is late by a few chara
 
 A forced tool choice (`required`, or a named function) is generated under a JSON grammar:
 the answer is then the arguments object itself (named) or an array of
-`{"name": ..., "parameters": {...}}` (required), as vLLM's server does it.
+`{"name": ..., "parameters": {...}}` (required), as vLLM's server does it. A named call
+whose spec sets `forced_text` (a freeform tool: one string parameter, generated under the
+tool's own grammar, if any) is that parameter's text as written: its arguments are
+`{"<forced_text>": "<the text>"}`, the text JSON-escaped as it streams.
 
 Malformed tool-call text (not JSON, an unknown function) comes back as plain content.
 Streaming: a JSON call is sent when its block closes (it is checked first); an XML call
@@ -88,6 +91,8 @@ class TurnSpec:
     tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     forced: Literal["named", "required"] | None = None
     forced_name: str | None = None  # the function a named tool choice forces
+    # A named forced call whose output is the raw text of this one string parameter (not JSON).
+    forced_text: str | None = None
     think_end_id: int | None = None  # the </think> token, to count reasoning tokens
 
     @property
@@ -441,19 +446,30 @@ class TurnParser:
 
     def _forced(self, out: list[Event]) -> None:
         if self.spec.forced == "named":
+            text = self.spec.forced_text
             if self._calls == 0:
-                self._buf = self._buf.lstrip()
+                if text is None:
+                    self._buf = self._buf.lstrip()
+                elif self._strip_newlines:  # right after </think>: markup, as before an answer
+                    self._buf = self._buf.lstrip("\n")
                 if not self._buf:
                     return
-                assert self.spec.forced_name is not None
-                out.append(ToolCallStart(0, new_call_id(), self.spec.forced_name))
-                self._calls = 1
+                self._start_forced(out)
             if self._buf:
-                self._args += self._buf
-                out.append(ToolCallArgs(0, self._buf))
+                piece = self._buf if text is None else json.dumps(self._buf, ensure_ascii=False)[1:-1]
+                self._args += piece
+                out.append(ToolCallArgs(0, piece))
                 self._buf = ""
             return
         self._scan_required(out)
+
+    def _start_forced(self, out: list[Event]) -> None:
+        assert self.spec.forced_name is not None
+        out.append(ToolCallStart(0, new_call_id(), self.spec.forced_name))
+        self._calls = 1
+        if self.spec.forced_text is not None:  # the text is a JSON string's body: open it
+            self._args = "{" + json.dumps(self.spec.forced_text) + ': "'
+            out.append(ToolCallArgs(0, self._args))
 
     def _scan_required(self, out: list[Event]) -> None:
         """Walk the JSON array; each element that closes becomes a call."""
@@ -498,6 +514,11 @@ class TurnParser:
 
     def _finish_forced(self, out: list[Event]) -> None:
         if self.spec.forced == "named":
+            if self.spec.forced_text is not None:  # a freeform call, even of no text
+                if not self._calls:
+                    self._start_forced(out)
+                self._args += '"}'
+                out.append(ToolCallArgs(0, '"}'))
             if self._calls:
                 out.append(ToolCallEnd(0, self._args))
             return

@@ -134,6 +134,28 @@ def test_a_forced_named_call_streams_its_arguments(step: int) -> None:
     assert isinstance(events[0], ToolCallStart) and sum(isinstance(e, ToolCallArgs) for e in events) >= 1
 
 
+PATCH = '*** Begin Patch\n*** Add File: a.txt\n+say "hi" \\o/ ✓\n*** End Patch\n'
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_forced_freeform_call_is_its_text_argument(step: int) -> None:
+    spec = TurnSpec(forced="named", forced_name="apply_patch", forced_text="input")
+    turn, events = parse(spec, PATCH, step)
+    (call,) = turn.tool_calls
+    assert call.name == "apply_patch" and json.loads(call.arguments) == {"input": PATCH}
+    assert isinstance(events[-1], ToolCallEnd) and events[-1].arguments == call.arguments
+    if step < len(PATCH):  # streamed as it comes, each piece JSON-escaped
+        assert sum(isinstance(e, ToolCallArgs) for e in events) > 3
+    # Leading spaces are the text's (its grammar may allow them); only newlines after </think> go.
+    turn, _ = parse(spec, "  x", step)
+    assert json.loads(turn.tool_calls[0].arguments) == {"input": "  x"}
+    thinking = TurnSpec(reasoning="maybe", forced="named", forced_name="apply_patch", forced_text="input")
+    turn, _ = parse(thinking, "<think>\nplan\n</think>\n\n" + PATCH, step)
+    assert turn.reasoning == "plan" and json.loads(turn.tool_calls[0].arguments) == {"input": PATCH}
+    turn, _ = parse(spec, "", step)
+    assert json.loads(turn.tool_calls[0].arguments) == {"input": ""}  # forced: a call, even of no text
+
+
 @pytest.mark.parametrize("step", STEPS)
 def test_a_forced_required_array_becomes_calls(step: int) -> None:
     text = '[{"name":"get_weather","parameters":{"city":"a}\\"]"}},{"name":"get_weather","parameters":{}}]'
