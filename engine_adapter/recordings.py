@@ -87,7 +87,14 @@ CODEX_PATCH = (
     'hello.txt\\n+hello from sparkgate\\n*** End Patch\\n"}}\n</tool_call>',
     "I created hello.txt.",
 )
-SCRIPTS: dict[str, tuple[str, ...]] = {"claude_bash": CLAUDE_BASH, "codex_patch": CODEX_PATCH}
+# Codex CLI's namespaced tools (multi_agent_v1's wait_agent) are offered as functions named
+# `{namespace}__{name}`: the model waits for a sub-agent, then reports.
+CODEX_WAIT = (
+    '<tool_call>\n{"name": "multi_agent_v1__wait_agent", "arguments": {"targets": ["agent-1"], '
+    '"timeout_ms": 30000}}\n</tool_call>',
+    "The agent finished.",
+)
+SCRIPTS: dict[str, tuple[str, ...]] = {"claude_bash": CLAUDE_BASH, "codex_patch": CODEX_PATCH, "codex_wait": CODEX_WAIT}
 TOOL_RESPONSE = "<tool_response>"  # how the Qwen templates open a tool's result
 
 RECORDINGS: dict[str, str] = {

@@ -5,7 +5,9 @@ same lifecycle as chat completions (`prepare_chat`, then `answer` with this surf
 encoders, responses_output.py). With `store: true` (the default) the finished response
 is kept, with its conversation, for its owner (gateway/responses_store.py): GET returns
 it, `previous_response_id` continues it, DELETE removes it. Another user's id is "not
-found", like an unknown or expired one.
+found", like an unknown or expired one. With `store: false` nothing is kept: the client sends
+the whole conversation back each turn (Codex CLI does, reasoning included, through
+`include: ["reasoning.encrypted_content"]`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
     job = await lifecycle.prepare_chat(
         translated.chat, state.registry, caller, state.settings.limits, routing_of(state, request)
     )
+    if translated.forced_custom is not None:  # its output is its input text, not JSON arguments
+        job = responses_input.force_custom(job, translated.forced_custom)
     response_id = new_id("resp")
 
     async def save(body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
@@ -68,6 +72,9 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
         conversation=translated.conversation,
         save=save if req.store else None,
         summary=req.reasoning is not None and req.reasoning.summary is not None,
+        tools=translated.tools,
+        encrypted=req.encrypted_reasoning,
+        parallel=req.parallel_tool_calls,
     )
     return await answer(job, state, request, Surface(encoder.complete, encoder.stream))
 

@@ -10,14 +10,23 @@ events become output items, one open at a time:
                         and its reasoning is the closest stand-in (LangChain, for one,
                         shows reasoning only from summaries)
     ContentDelta     -> a `message` item (one `output_text` part)
-    ToolCallStart    -> a `function_call` item; ToolCallArgs its arguments; ToolCallEnd closes it
+    ToolCallStart    -> a `function_call` item; ToolCallArgs its arguments; ToolCallEnd closes it.
+                        A call of a namespaced tool (offered as `{namespace}__{name}`) is named
+                        `name` and carries `namespace`; a call of a custom tool is a
+                        `custom_tool_call` item whose `input` is the `input` argument's text.
+
+With `include: ["reasoning.encrypted_content"]` a reasoning item also carries
+`encrypted_content`: the reasoning text in base64 (a stateless client such as Codex sends it
+back, and responses_input.py reads it as the reasoning). With `parallel_tool_calls: false`
+only a turn's first call is kept, as vLLM's server does it.
 
 Streamed, per item: `response.output_item.added`, then for text items
 `response.content_part.added`, the deltas (`response.output_text.delta` /
 `response.reasoning_text.delta`), their `.done`, `response.content_part.done` (and with a
 summary, `response.reasoning_summary_part.added`, `.reasoning_summary_text.delta` / `.done`,
 `.reasoning_summary_part.done`); for calls
-`response.function_call_arguments.delta` / `.done`; then `response.output_item.done`. The
+`response.function_call_arguments.delta` / `.done` (custom tools:
+`response.custom_tool_call_input.delta` / `.done`); then `response.output_item.done`. The
 stream opens with `response.created` and `response.in_progress` and ends with
 `response.completed`, or `response.incomplete` when the output hit its token limit. An
 error after the stream started is an `error` event, then `response.failed`.
@@ -27,23 +36,33 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
-from gateway.http.responses_input import output_messages
+from gateway.http.responses_input import CUSTOM_INPUT, ToolRef, output_messages
+from gateway.http.responses_schemas import encode_reasoning
 from gateway.lifecycle.job import Job
-from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
+from gateway.text.assistant import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    TurnParser,
+)
 from policies import prefix
 
 log = logging.getLogger(__name__)
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
-ItemKind = Literal["message", "reasoning", "function_call"]
+ItemKind = Literal["message", "reasoning", "function_call", "custom_tool_call"]
 # Stores a finished response object with the conversation that continues it.
 Save = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
 
@@ -65,14 +84,21 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def reasoning_item(item_id: str, text: str | None, status: str, *, summary: bool = False) -> dict[str, Any]:
+def reasoning_item(
+    item_id: str, text: str | None, status: str, *, summary: bool = False, encrypted: bool = False
+) -> dict[str, Any]:
     content = [] if text is None else [{"type": "reasoning_text", "text": text}]
     summaries = [{"type": "summary_text", "text": text}] if summary and text is not None else []
-    return {"id": item_id, "type": "reasoning", "summary": summaries, "content": content, "status": status}
+    item = {"id": item_id, "type": "reasoning", "summary": summaries, "content": content, "status": status}
+    if encrypted and text is not None:
+        item["encrypted_content"] = encode_reasoning(text)
+    return item
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
+def call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None = None
+) -> dict[str, Any]:
+    item = {
         "id": item_id,
         "type": "function_call",
         "call_id": call_id,
@@ -80,6 +106,61 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
         "arguments": arguments,
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def custom_call_item(
+    item_id: str, call_id: str, name: str, text: str, status: str, namespace: str | None = None
+) -> dict[str, Any]:
+    item = {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name, "input": text}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return {**item, "status": status}
+
+
+# The arguments of a custom tool's call, `{"input": "...`, up to the string's text.
+_INPUT_OPEN = re.compile(r'\s*\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
+_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|[^u])")
+
+
+def input_so_far(arguments: str) -> str:
+    """The `input` string's text that a custom tool call's arguments hold so far (as they
+    stream: the string may be unfinished); "" when they do not start `{"input": "`."""
+    m = _INPUT_OPEN.match(arguments)
+    if m is None:
+        return ""
+    body, i, end = arguments, m.end(), m.end()
+    while i < len(body) and body[i] != '"':
+        if body[i] == "\\":
+            esc = _ESCAPE.match(body, i)
+            if esc is None:  # cut inside an escape: wait for the rest
+                break
+            i = esc.end()
+        else:
+            i += 1
+        end = i
+    text: str = json.loads('"' + body[m.end() : end] + '"')
+    if text and "\ud800" <= text[-1] <= "\udbff":  # half a surrogate pair: its other half is to come
+        text = text[:-1]
+    return text
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input, from the whole arguments: the `input` string (or the only
+    string there is); arguments of any other shape are the input as they are."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict):
+        if isinstance(value.get(CUSTOM_INPUT), str):
+            return str(value[CUSTOM_INPUT])
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(value) == 1 and strings:
+            return strings[0]
+    return arguments
 
 
 @dataclass
@@ -90,20 +171,36 @@ class _Open:
     text: str = ""  # a message's or reasoning's text, a call's arguments
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
+    sent: str = ""  # a custom tool call's input, as streamed so far
 
 
 class OutputItems:
     """Parser events -> output items (`output`, closed ones) and the stream events that
     build them (returned by `apply` and `close`, without their sequence numbers)."""
 
-    def __init__(self, *, summary: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        summary: bool = False,
+        tools: Mapping[str, ToolRef] | None = None,
+        encrypted: bool = False,
+        parallel: bool = True,
+    ) -> None:
         self.output: list[dict[str, Any]] = []
         self.summary = summary  # reasoning as its summary too
+        self.tools = tools or {}  # the chat tool names that stand for custom or namespaced tools
+        self.encrypted = encrypted  # reasoning items carry encrypted_content
+        self.parallel = parallel  # False: a turn's first call only
         self._open: _Open | None = None
+        self._calls = 0
+        self._dropped: set[int] = set()  # calls left out (parallel_tool_calls: false)
 
     def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for e in events:
+            if isinstance(e, ToolCallStart | ToolCallArgs | ToolCallEnd) and e.index in self._dropped:
+                continue
             if isinstance(e, ReasoningDelta | ContentDelta):
                 if not e.text:
                     continue
@@ -119,26 +216,42 @@ class OutputItems:
                         summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
                         out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": e.text})
             elif isinstance(e, ToolCallStart):
-                self._close(out, "completed")
-                item = self._open = _Open("function_call", new_id("fc"), len(self.output), call_id=e.id, name=e.name)
-                added = call_item(item.id, e.id, e.name, "", "in_progress")
-                out.append({"type": "response.output_item.added", "output_index": item.index, "item": added})
-            elif isinstance(e, ToolCallArgs):
-                if self._open is None or self._open.kind != "function_call" or not e.delta:
+                if not self.parallel and self._calls:
+                    self._dropped.add(e.index)
                     continue
-                self._open.text += e.delta
-                out.append(
-                    {
-                        "type": "response.function_call_arguments.delta",
-                        "item_id": self._open.id,
-                        "output_index": self._open.index,
-                        "delta": e.delta,
-                    }
-                )
-            elif self._open is not None and self._open.kind == "function_call":  # ToolCallEnd
+                self._calls += 1
+                self._close(out, "completed")
+                out.append(self._start_call(e))
+            elif isinstance(e, ToolCallArgs):
+                if self._open is None or self._open.kind not in ("function_call", "custom_tool_call") or not e.delta:
+                    continue
+                item = self._open
+                item.text += e.delta
+                where = {"item_id": item.id, "output_index": item.index}
+                if item.kind == "function_call":
+                    out.append({"type": "response.function_call_arguments.delta", **where, "delta": e.delta})
+                    continue
+                text = input_so_far(item.text)
+                if len(text) > len(item.sent) and text.startswith(item.sent):
+                    delta, item.sent = text[len(item.sent) :], text
+                    out.append({"type": "response.custom_tool_call_input.delta", **where, "delta": delta})
+            elif self._open is not None and self._open.kind in ("function_call", "custom_tool_call"):  # ToolCallEnd
                 self._open.text = e.arguments
                 self._close(out, "completed")
         return out
+
+    def _start_call(self, e: ToolCallStart) -> dict[str, Any]:
+        """Open the item of a call: a function call, or a custom tool's; named as the client named it."""
+        ref = self.tools.get(e.name) or ToolRef("function", e.name)
+        index = len(self.output)
+        if ref.kind == "custom":
+            item = self._open = _Open("custom_tool_call", new_id("ctc"), index, call_id=e.id, name=ref.name)
+            added = custom_call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
+        else:
+            item = self._open = _Open("function_call", new_id("fc"), index, call_id=e.id, name=ref.name)
+            added = call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
+        item.namespace = ref.namespace
+        return {"type": "response.output_item.added", "output_index": index, "item": added}
 
     def close(self, status: str) -> list[dict[str, Any]]:
         """Close the open item, if any (`incomplete` when the output was cut short)."""
@@ -180,7 +293,11 @@ class OutputItems:
         text = item.text
         if item.kind == "function_call":
             out.append({"type": "response.function_call_arguments.done", **where, "arguments": text})
-            done = call_item(item.id, item.call_id, item.name, text, status)
+            done = call_item(item.id, item.call_id, item.name, text, status, item.namespace)
+        elif item.kind == "custom_tool_call":
+            text = custom_input(text)
+            out.append({"type": "response.custom_tool_call_input.done", **where, "input": text})
+            done = custom_call_item(item.id, item.call_id, item.name, text, status, item.namespace)
         elif item.kind == "message":
             out.append({"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []})
             out.append(
@@ -196,7 +313,7 @@ class OutputItems:
                 out.append({"type": "response.reasoning_summary_text.done", **summary, "text": text})
                 part = {"type": "summary_text", "text": text}
                 out.append({"type": "response.reasoning_summary_part.done", **summary, "part": part})
-            done = reasoning_item(item.id, text, status, summary=self.summary)
+            done = reasoning_item(item.id, text, status, summary=self.summary, encrypted=self.encrypted)
         out.append({"type": "response.output_item.done", "output_index": item.index, "item": done})
         self.output.append(done)
 
@@ -261,6 +378,12 @@ class ResponseEncoder:
     conversation: list[dict[str, Any]]  # chat messages before this output (stored with it)
     save: Save | None = None  # store:true -- called with the finished response before it is sent
     summary: bool = False  # reasoning.summary was asked for: the reasoning is its summary too
+    tools: Mapping[str, ToolRef] = field(default_factory=dict)  # chat tool name -> the client's tool
+    encrypted: bool = False  # include: reasoning.encrypted_content
+    parallel: bool = True  # parallel_tool_calls
+
+    def _items(self) -> OutputItems:
+        return OutputItems(summary=self.summary, tools=self.tools, encrypted=self.encrypted, parallel=self.parallel)
 
     def body(
         self,
@@ -294,7 +417,7 @@ class ResponseEncoder:
         return body
 
     async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
-        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
+        tally, items, parser = _tally(job), self._items(), TurnParser(job.turn)
         async for _, chunk in chunks:
             tally.observe(chunk)
             for c in chunk.choices:
@@ -312,7 +435,7 @@ class ResponseEncoder:
             seq += 1
             return line
 
-        tally, items, parser = _tally(job), OutputItems(summary=self.summary), TurnParser(job.turn)
+        tally, items, parser = _tally(job), self._items(), TurnParser(job.turn)
         opening = self.body(job, status="in_progress", output=[], usage=None)
         yield event({"type": "response.created", "response": opening})
         yield event({"type": "response.in_progress", "response": opening})

@@ -1,7 +1,10 @@
 """The OpenAI Responses API request (`POST /v1/responses`) as clients send it.
 
-Like schemas.py, unknown fields are accepted and ignored (SDKs send `include`,
-`truncation`, `service_tier`, ...); what the gateway uses is validated strictly.
+Like schemas.py, unknown fields are accepted and ignored (SDKs send `truncation`,
+`safety_identifier`, ...); what the gateway uses is validated strictly, and so are the
+hints clients such as Codex CLI send (`include`, `prompt_cache_key`, `client_metadata`,
+`service_tier`, `text.verbosity`), though only `include: ["reasoning.encrypted_content"]`
+changes the answer. Tools are checked in translation (responses_input.py), not here.
 The route validates the body itself (`parse`) rather than through FastAPI, so that a
 bad input item is reported at its place (`input.2.call_id`), without the names of the
 union members pydantic tried, and still through the one error mapping (gateway/errors.py).
@@ -9,6 +12,7 @@ union members pydantic tried, and still through the one error mapping (gateway/e
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -57,10 +61,28 @@ class FunctionCallItem(_Request):
     name: str = Field(min_length=1)
     arguments: str
     id: str | None = None
+    namespace: str | None = None  # the namespace tool the function belongs to
 
 
 class FunctionCallOutputItem(_Request):
     type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+
+
+class CustomToolCallItem(_Request):
+    """A call of a custom (freeform) tool: its input is plain text, not JSON."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str
+    id: str | None = None
+    namespace: str | None = None
+
+
+class CustomToolCallOutputItem(_Request):
+    type: Literal["custom_tool_call_output"]
     call_id: str = Field(min_length=1)
     output: str | list[ContentPart]
 
@@ -75,14 +97,42 @@ class ReasoningItem(_Request):
     id: str | None = None
     summary: list[ReasoningPart] = []
     content: list[ReasoningPart] | None = None
+    # What this gateway sends as `encrypted_content` is the reasoning text in base64
+    # (nothing here is secret from the client that wrote it); another server's blob reads as none.
+    encrypted_content: str | None = None
 
     @property
     def text(self) -> str:
-        """The reasoning text (a summary is not the reasoning: only `reasoning_text` parts)."""
-        return "".join(p.text for p in self.content or () if p.type == "reasoning_text")
+        """The reasoning text (a summary is not the reasoning: only `reasoning_text` parts;
+        without them, the text `encrypted_content` carries)."""
+        text = "".join(p.text for p in self.content or () if p.type == "reasoning_text")
+        if not text and self.encrypted_content:
+            return decode_reasoning(self.encrypted_content)
+        return text
 
 
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+def encode_reasoning(text: str) -> str:
+    """A reasoning item's `encrypted_content`: the text in base64 (not encrypted: the client
+    wrote the prompt, and the reasoning is its own answer's)."""
+    return base64.b64encode(text.encode()).decode("ascii")
+
+
+def decode_reasoning(blob: str) -> str:
+    """The text `encode_reasoning` wrote; "" for anything else (an encrypted blob of another server)."""
+    try:
+        return base64.b64decode(blob, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+        return ""
+
+
+ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "reasoning",
+)
 
 
 def _item_type(v: Any) -> str | None:
@@ -92,10 +142,20 @@ def _item_type(v: Any) -> str | None:
     return getattr(v, "type", None)
 
 
+Item = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
+    | ReasoningItem
+)
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
@@ -111,18 +171,68 @@ class FunctionTool(_Request):
     strict: bool | None = None
 
 
+class CustomFormat(_Request):
+    """A custom tool's input: free text, or text in a Lark or regex grammar."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+    @model_validator(mode="after")
+    def _grammar_present(self) -> CustomFormat:
+        if self.type == "grammar" and (self.syntax is None or not self.definition):
+            raise ValueError("a format of type grammar needs its syntax (lark or regex) and definition")
+        return self
+
+
+class CustomTool(_Request):
+    """A freeform tool: the model writes its input as text (in `format`'s grammar, if any)."""
+
+    type: Literal["custom"]
+    name: FunctionName
+    description: str | None = None
+    format: CustomFormat | None = None
+
+    @property
+    def grammar(self) -> CustomFormat | None:
+        return self.format if self.format is not None and self.format.type == "grammar" else None
+
+
+class NamespaceTool(_Request):
+    """Function and custom tools grouped under a name; each is offered as `{namespace}__{name}`
+    and called back with its own name and `namespace`."""
+
+    type: Literal["namespace"]
+    name: FunctionName
+    description: str | None = None
+    tools: list[FreeJson]  # function or custom tools, checked one by one in translation
+
+
 class ToolChoiceFunction(_Request):
     type: Literal["function"]
     name: str
 
 
+class ToolChoiceCustom(_Request):
+    type: Literal["custom"]
+    name: str
+
+
 def _tool_choice(v: Any) -> Any:
     """One clear message for a bad tool_choice (a union would report each member's error)."""
-    if v is None or v in ("none", "auto", "required") or isinstance(v, ToolChoiceFunction):
+    if v is None or v in ("none", "auto", "required") or isinstance(v, ToolChoiceFunction | ToolChoiceCustom):
         return v
-    if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str):
-        return ToolChoiceFunction.model_validate(v)
-    raise ValueError('must be "none", "auto", "required" or {"type": "function", "name": ...}')
+    if isinstance(v, dict) and v.get("type") in ("function", "custom") and isinstance(v.get("name"), str):
+        return (ToolChoiceFunction if v["type"] == "function" else ToolChoiceCustom).model_validate(v)
+    kind = v.get("type") if isinstance(v, dict) else None
+    if isinstance(kind, str) and kind not in ("function", "custom", "allowed_tools"):
+        raise ValueError(
+            f"tool_choice forces the hosted tool type '{kind}', which this server does not run:"
+            " only function and custom tools can be forced"
+        )
+    raise ValueError(
+        'must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "custom", "name": ...}'
+    )
 
 
 class TextFormat(_Request):
@@ -149,6 +259,7 @@ class TextFormat(_Request):
 
 class TextConfig(_Request):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted; a Qwen model has no such knob
 
 
 class ReasoningConfig(_Request):
@@ -164,9 +275,10 @@ class ResponsesRequest(_Request):
         Discriminator(lambda v: "text" if isinstance(v, str) else "items"),
     ]
     instructions: str | None = None
-    tools: list[FreeJson] | None = None  # checked in translation: a non-function type is named
+    tools: list[FreeJson] | None = None  # checked in translation (function, custom, namespace, hosted)
     tool_choice: Annotated[
-        Literal["none", "auto", "required"] | ToolChoiceFunction | None, BeforeValidator(_tool_choice)
+        Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | None,
+        BeforeValidator(_tool_choice),
     ] = None
     parallel_tool_calls: bool = True
     max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
@@ -182,6 +294,12 @@ class ResponsesRequest(_Request):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
+    # Hints: `include` is honoured for "reasoning.encrypted_content"; the others are accepted
+    # (the prefix cache needs no key, there is one service tier, client_metadata is the client's).
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    client_metadata: FreeJson | None = None
+    service_tier: str | None = None
     background: bool = False
     conversation: Any = None
 
@@ -200,10 +318,15 @@ class ResponsesRequest(_Request):
         return v
 
     @property
-    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
+    def items(self) -> list[Item]:
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         return list(self.input)
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        """Reasoning items carry `encrypted_content` (the client keeps no server state: store off)."""
+        return "reasoning.encrypted_content" in (self.include or ())
 
 
 # --- validation errors, reported at their place -----------------------------------------

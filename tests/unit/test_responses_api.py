@@ -159,11 +159,13 @@ def test_tools_and_tool_choice() -> None:
     assert translate(req()).echo["tool_choice"] == "auto"
 
 
-def test_non_function_tools_are_named() -> None:
+def test_hosted_tools_are_echoed_not_offered() -> None:
     for kind in ("web_search", "file_search", "computer_use_preview", "code_interpreter"):
-        with pytest.raises(InvalidRequest) as e:
-            translate(req(tools=[{"type": kind}]))
-        assert e.value.param == "tools" and kind in e.value.message
+        t = translate(req(tools=[{"type": kind}]))
+        assert t.chat.tools is None and t.echo["tools"] == [{"type": kind}]
+    with pytest.raises(InvalidRequest) as e:
+        translate(req(tools=[{"name": "no_type"}]))
+    assert e.value.param == "tools[0].type"
     with pytest.raises(RequestValidationError) as v:
         translate(req(tools=[{"type": "function", "name": "no spaces allowed"}]))
     assert _validation_message(v.value)[1] == "tools[0].name"
