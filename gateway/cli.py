@@ -1,4 +1,5 @@
-"""`sparkgate serve | engine-host | check | plan | prepare-models | hash-key | keys create|list|revoke|usage`."""
+"""`sparkgate serve | engine-host | check | plan | prepare-models | codex-config | hash-key |
+keys create|list|revoke|usage`."""
 
 from __future__ import annotations
 
@@ -301,6 +302,46 @@ def check(
         typer.echo(p.line(), err=True)
     typer.echo(f"sparkgate: {len(report.problems)} problem(s) in {config}", err=True)
     raise typer.Exit(2)
+
+
+@app.command("codex-config")
+def codex_config(
+    config: ConfigOpt = Path(DEFAULT_CONFIG),
+    url: Annotated[str | None, typer.Option(help="The gateway as Codex reaches it (default: server.host:port)")] = None,
+    model: Annotated[str | None, typer.Option(help="Codex's default model (default: the first one)")] = None,
+    catalog: Annotated[
+        Path | None,
+        typer.Option(help="Where to write the model catalog (default: $CODEX_HOME/sparkgate-models.json)"),
+    ] = None,
+    key_env: Annotated[str, typer.Option(help="The variable Codex reads the API key from")] = "SPARKGATE_API_KEY",
+) -> None:
+    """Print a Codex CLI config.toml for this gateway; write its model catalog (each model's context)."""
+    from gateway import codex
+    from gateway.settings import load_settings
+
+    try:
+        settings = load_settings(config)
+    except (OSError, ValueError) as e:
+        typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
+        raise typer.Exit(2) from None
+    models = [codex.CodexModel(m.name, min(m.max_model_len, m.max_context or m.max_model_len)) for m in settings.models]
+    names = [m.name for m in models]
+    if model is not None and model not in names:
+        typer.echo(f"sparkgate: no model {model!r} in {config} (its models: {', '.join(names)})", err=True)
+        raise typer.Exit(2)
+    if catalog is None:
+        catalog = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex") / "sparkgate-models.json"
+    if url is None:
+        host = settings.server.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{settings.server.port}"
+    catalog.parent.mkdir(parents=True, exist_ok=True)
+    catalog.write_text(json.dumps(codex.catalog(models), indent=2) + "\n")
+    typer.echo(f"sparkgate: wrote {catalog}", err=True)
+    typer.echo(
+        codex.config_toml(model=model or names[0], base_url=url, catalog_path=str(catalog.resolve()), key_env=key_env),
+        nl=False,
+    )
 
 
 @app.command("hash-key")
