@@ -16,7 +16,7 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: setup models serve check test lint clean
+.PHONY: setup models agents serve check test lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP)
 	$(VENV)/bin/sparkgate prepare-models --root models
+
+# Claude Code and Codex CLI, pinned, from the npm registry into .cache/agents (the tests do it too).
+agents: $(STAMP)
+	$(PY) tests/agent_clients.py
 
 serve: models
 	$(VENV)/bin/sparkgate serve --config $(CONFIG)

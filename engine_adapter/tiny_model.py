@@ -79,7 +79,7 @@ _COMMON: dict[str, Any] = dict(
     head_dim=32,
     intermediate_size=256,
     hidden_act="silu",
-    max_position_embeddings=32768,
+    max_position_embeddings=131072,  # a coding agent's context (Claude Code: ~12K prompt + 32K output)
     rms_norm_eps=1e-6,
     rope_theta=1000000.0,
     torch_dtype="bfloat16",
@@ -381,6 +381,9 @@ DEFAULT_MODELS: dict[str, TinyModelSpec] = {
 }
 
 
+MODELS_VERSION = 2  # raise it when a model's shape changes: built models are rebuilt
+
+
 def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
     """Build the tokenizer once and each named model dir under `root` (idempotent)."""
     tokenizer_dir = root / "_tokenizer-qwen3"
@@ -393,9 +396,9 @@ def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) 
     for name in names or list(DEFAULT_MODELS):
         out = root / name
         marker = out / ".complete"
-        if force or not marker.exists():
+        if force or not marker.exists() or not marker.read_text().startswith(f"v{MODELS_VERSION} "):
             t0 = time.monotonic()
             write_model(out, DEFAULT_MODELS[name], tokenizer_dir)
-            marker.write_text(f"{time.monotonic() - t0:.1f}s\n")
+            marker.write_text(f"v{MODELS_VERSION} {time.monotonic() - t0:.1f}s\n")
         written.append(out)
     return written

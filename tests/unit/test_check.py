@@ -150,9 +150,9 @@ def test_the_plan_shows_boxes_kv_and_slots() -> None:
     assert "total: 121.60 GiB of 121.60 GiB" in plan
     spark2 = "\n".join(check_config(CONFIG / "dgx-spark-2.yaml", skip_local=True).plan)
     assert "KV cache: qwen3.6-35b-a3b 75.60 GiB" in spark2
-    # 64 MiB of the tiny Qwen3's KV: 2 layers x K,V x 2 heads x 32 dims x 2 bytes = 512 B a token.
+    # 128 MiB of the tiny Qwen3's KV: 2 layers x K,V x 2 heads x 32 dims x 2 bytes = 512 B a token.
     tiny = "\n".join(check_config(CONFIG / "default.yaml").plan)
-    assert "sparkgate-tiny: engine vllm, max_model_len 4096, slots 8, KV 64 MiB, 131072 tokens" in tiny
+    assert "sparkgate-tiny: engine vllm, max_model_len 65536, slots 8, KV 128 MiB, 262144 tokens" in tiny
 
 
 def test_simulated_kv_tokens_are_the_box_models() -> None:

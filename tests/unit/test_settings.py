@@ -35,7 +35,7 @@ def test_default_config_loads_and_resolves_paths() -> None:
     s = load_settings(ROOT / "config" / "default.yaml")
     assert s.server.port == 8000 and s.server.host == "127.0.0.1"
     m = s.models[0]
-    assert m.kv_cache_bytes == 64 * 1024**2
+    assert m.kv_cache_bytes == 128 * 1024**2
     assert s.model_path(m) == ROOT / "models" / "tiny-qwen3"
     assert s.auth.required and s.auth.keys[0].sha256 == hash_key("sk-sparkgate-dev")
 
