@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
 from tests.api.codex_server import MODEL, codex_server
-from tests.conftest import API_KEY, Server
+from tests.conftest import API_KEY, DENSE, Server
 
 EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 SAMPLE = json.loads((Path(__file__).parent / "codex_request.json").read_text())
@@ -43,14 +43,14 @@ def codex_body(recording: str, *, stream: bool = True) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with codex_server(tmp_path_factory) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def http(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.api, headers=HEADERS, timeout=60) as c:
+def http(replay: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=replay.api, headers=HEADERS, timeout=60) as c:
         yield c
 
 
@@ -212,3 +212,52 @@ def test_bodies_the_gateway_cannot_read(http: httpx.Client) -> None:
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_content_encoding"
     r = http.post("/responses", content=b"\x28\xb5\x2f\xfd junk", headers={"content-encoding": "zstd"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_content_encoding"
+
+
+# --- a forced custom tool, under its grammar, on a real engine ----------------------------------
+# The replay engine cannot follow a grammar; the session's tiny vLLM engine (random weights)
+# can, and its noise shows the constraint: only the grammar's strings come out.
+
+
+def forced(server: Server, fmt: dict[str, Any], *, stream: bool = False) -> httpx.Response:
+    body = {
+        "model": DENSE,
+        "input": "Answer.",
+        "tools": [{"type": "custom", "name": "answer", "description": "Answer.", "format": fmt}],
+        "tool_choice": {"type": "custom", "name": "answer"},
+        "max_output_tokens": 48,
+        "temperature": 0,
+        "stream": stream,
+    }
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return httpx.post(f"{server.api}/responses", json=body, headers=headers, timeout=120)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("fmt", "allowed"),
+    [
+        ({"type": "grammar", "syntax": "lark", "definition": 'start: "yes" | "no"\n'}, {"yes", "no"}),
+        ({"type": "grammar", "syntax": "regex", "definition": "(red|green|blue)"}, {"red", "green", "blue"}),
+    ],
+)
+def test_a_forced_custom_tool_follows_its_grammar(server: Server, fmt: dict[str, Any], allowed: set[str]) -> None:
+    r = forced(server, fmt)
+    assert r.status_code == 200, r.text
+    response = Response.model_validate(r.json())
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and call.name == "answer" and call.input in allowed
+    assert response.status == "completed"
+    events = events_of(forced(server, fmt, stream=True))
+    (done,) = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert done.input in allowed
+    assert "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta") == done.input
+
+
+@pytest.mark.engine
+def test_a_forced_apply_patch_is_a_patch(server: Server) -> None:
+    (codex_patch,) = [t for t in SAMPLE["body"]["tools"] if t.get("name") == "apply_patch"]
+    r = forced(server, codex_patch["format"])
+    assert r.status_code == 200, r.text
+    (call,) = Response.model_validate(r.json()).output
+    assert call.type == "custom_tool_call" and call.input.startswith("*** Begin Patch\n*** ")
