@@ -129,7 +129,9 @@ _ERROR_STATUSES = {
     401: "No or an unknown API key.",
     403: "The key may not do this.",
     404: "Unknown model, route or stored response.",
-    413: "The request body is larger than `limits.max_body_bytes` (code request_too_large).",
+    413: "The request body, or what its Content-Encoding decodes to, is larger than `limits.max_body_bytes` "
+    "(code request_too_large).",
+    415: "A Content-Encoding other than zstd, gzip and deflate (code unsupported_content_encoding).",
     429: "A quota or rate limit, or no model can meet the latency objective.",
     503: "Overloaded, an engine unavailable, the quota store unreachable, or draining (with Retry-After).",
 }
@@ -148,7 +150,7 @@ def _ok(schema: dict[str, Any], description: str, stream: bool) -> dict[int | st
     return {200: {"description": description, "content": content}}
 
 
-_GENERATE_ERRORS = (400, 401, 403, 404, 413, 429, 503)
+_GENERATE_ERRORS = (400, 401, 403, 404, 413, 415, 429, 503)
 CHAT = _ok(CHAT_COMPLETION, "A chat completion, or with `stream: true` its chunks as server-sent events.", True)
 CHAT |= _errors(*_GENERATE_ERRORS)
 COMPLETIONS = _ok(COMPLETION, "A completion, or with `stream: true` its chunks as server-sent events.", True)

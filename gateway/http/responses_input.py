@@ -259,7 +259,7 @@ def _tool_choice(
     """The chat tool_choice, and the custom tool it forces (if it forces one)."""
     if not isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         return choice, None
-    name = tools.resolve(choice.name)
+    name = tools.resolve(chat_name(choice.name, choice.namespace))
     if name is None:
         hosted = tools.hosted.get(choice.name)
         if hosted is not None:
@@ -369,7 +369,7 @@ def _echo(req: ResponsesRequest, tools: Tools) -> dict[str, Any]:
         "store": req.store,
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": text,
-        "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else (choice or "auto"),
+        "tool_choice": choice.model_dump(exclude_none=True) if isinstance(choice, BaseModel) else (choice or "auto"),
         "tools": tools.echo,
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "truncation": "disabled",

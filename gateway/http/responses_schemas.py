@@ -211,11 +211,13 @@ class NamespaceTool(_Request):
 class ToolChoiceFunction(_Request):
     type: Literal["function"]
     name: str
+    namespace: str | None = None  # a namespace tool's function (else `name` may be `namespace__name`)
 
 
 class ToolChoiceCustom(_Request):
     type: Literal["custom"]
     name: str
+    namespace: str | None = None
 
 
 def _tool_choice(v: Any) -> Any:

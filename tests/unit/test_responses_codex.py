@@ -206,6 +206,13 @@ def test_tool_choice_names_function_custom_and_namespaced_tools() -> None:
     assert t.chat.forced_function == "agents__spawn_agent" and t.forced_custom is None
     t = translate(req(tools=tools, tool_choice={"type": "function", "name": "spawn_agent"}))  # the one namespaced
     assert t.chat.forced_function == "agents__spawn_agent"
+    twice = [*tools, {**AGENTS, "name": "helpers"}]  # spawn_agent in two namespaces: name which
+    choice = {"type": "function", "name": "spawn_agent", "namespace": "helpers"}
+    t = translate(req(tools=twice, tool_choice=choice))
+    assert t.chat.forced_function == "helpers__spawn_agent" and t.echo["tool_choice"] == choice
+    with pytest.raises(InvalidRequest) as e:
+        translate(req(tools=twice, tool_choice={"type": "function", "name": "spawn_agent"}))
+    assert e.value.param == "tool_choice"
     t = translate(req(tools=tools, tool_choice={"type": "custom", "name": "apply_patch"}))
     assert t.chat.forced_function == "apply_patch" and t.forced_custom is not None
     assert t.forced_custom.name == "apply_patch" and t.echo["tool_choice"] == {"type": "custom", "name": "apply_patch"}
