@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -113,15 +114,17 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
 def replay_engine(settings: Settings, model: ModelSettings) -> Engine:
     from engine_adapter.replay import ReplayEngine, ReplayEngineConfig
 
-    return ReplayEngine(
-        ReplayEngineConfig(
-            name=model.name,
-            tokenizer=str(settings.model_path(model)),
-            max_model_len=model.max_model_len,
-            max_num_seqs=model.max_num_seqs,
-            token_delay_s=model.replay.token_delay_s,
-        )
+    config = ReplayEngineConfig(
+        name=model.name,
+        tokenizer=str(settings.model_path(model)),
+        max_model_len=model.max_model_len,
+        max_num_seqs=model.max_num_seqs,
+        token_delay_s=model.replay.token_delay_s,
     )
+    # It holds no KV: its notional pool fits every slot at the whole context (an agent's request
+    # with no max_tokens reserves the context), so admission never refuses what would run.
+    whole = -(-model.max_model_len // config.block_size) * model.max_num_seqs + 1
+    return ReplayEngine(dataclasses.replace(config, kv_blocks=max(config.kv_blocks, whole)))
 
 
 def remote_engine(settings: Settings, model: ModelSettings) -> Engine:

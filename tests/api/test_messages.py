@@ -162,10 +162,14 @@ def test_stop_sequences_and_max_tokens_stop_reasons(client: anthropic.Anthropic)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
-def test_an_agent_s_request_fits_a_long_context(client: anthropic.Anthropic) -> None:
-    """Claude Code asks 32,000 output tokens on every request."""
+def test_an_agent_s_request_fits_a_long_context(client: anthropic.Anthropic, replay_server: Server) -> None:
+    """Claude Code asks 32,000 output tokens on every request; Codex sets no limit at all, so
+    its request reserves the whole context."""
     m = client.messages.create(model=REPLAY_AGENTS, max_tokens=32000, messages=ask("answer"))
     assert m.content[0].text == recordings.ANSWER  # type: ignore[union-attr]
+    body = {"model": REPLAY_AGENTS, "input": "hi"}
+    r = httpx.post(f"{replay_server.api}/responses", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_server: Server) -> None:
