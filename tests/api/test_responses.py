@@ -181,10 +181,14 @@ def test_previous_response_id_continues(client: openai.OpenAI, other: openai.Ope
     assert e.value.param == "previous_response_id"
 
 
-def test_unknown_tool_type_is_refused(client: openai.OpenAI) -> None:
+def test_hosted_tools_are_echoed_and_cannot_be_forced(client: openai.OpenAI) -> None:
+    hosted: Any = [{"type": "web_search_preview"}]
+    r = client.responses.create(model=MODEL, input="hi", tools=hosted, max_output_tokens=2)
+    assert [t.type for t in r.tools] == ["web_search_preview"] and r.status == "incomplete"  # answered, no search
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model=MODEL, input="hi", tools=[{"type": "web_search_preview"}], max_output_tokens=2)
-    assert e.value.param == "tools" and "web_search_preview" in e.value.message
+        choice: Any = {"type": "web_search_preview"}
+        client.responses.create(model=MODEL, input="hi", tools=hosted, tool_choice=choice, max_output_tokens=2)
+    assert e.value.param == "tool_choice" and "web_search_preview" in e.value.message
 
 
 def test_bad_input_names_its_param(server: Server) -> None:
