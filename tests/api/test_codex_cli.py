@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
 from tests import agent_clients
-from tests.api.codex_server import MODEL, codex_server
-from tests.conftest import API_KEY, ROOT, Server
+from tests.conftest import API_KEY, REPLAY_AGENTS, ROOT, Server
 
 PATCH = json.loads(recordings.CODEX_PATCH[0].split("\n")[1])["arguments"]["input"]
 
@@ -34,9 +32,8 @@ def codex() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with codex_server(tmp_path_factory) as srv:
-        yield srv
+def server(replay_server: Server) -> Server:
+    return replay_server  # its replay-agents model has an agent's context
 
 
 @pytest.fixture
@@ -44,10 +41,16 @@ def codex_home(server: Server, tmp_path: Path) -> Path:
     """A CODEX_HOME with the config `sparkgate codex-config` prints, and its catalog."""
     home = tmp_path / "codex-home"
     home.mkdir()
-    config = server.log_path.parent / "sparkgate-codex.yaml"
+    config = server.log_path.parent / "sparkgate-replay.yaml"
     catalog = home / "sparkgate-models.json"
     made = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "codex-config", "--config", str(config), "--catalog", str(catalog)],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "codex-config",
+            *("--config", str(config), "--catalog", str(catalog), "--model", REPLAY_AGENTS),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -56,8 +59,9 @@ def codex_home(server: Server, tmp_path: Path) -> Path:
     )
     assert f'base_url = "{server.api}"' in made.stdout  # server.host:port, from the config
     (home / "config.toml").write_text(made.stdout)
-    (entry,) = json.loads(catalog.read_text())["models"]
-    assert entry["slug"] == MODEL and entry["apply_patch_tool_type"] == "freeform"
+    entries = {m["slug"]: m for m in json.loads(catalog.read_text())["models"]}
+    entry = entries[REPLAY_AGENTS]
+    assert entry["apply_patch_tool_type"] == "freeform" and entry["context_window"] == 131072
     return home
 
 

@@ -22,8 +22,7 @@ from pydantic import TypeAdapter
 
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
-from tests.api.codex_server import MODEL, codex_server
-from tests.conftest import API_KEY, DENSE, Server
+from tests.conftest import API_KEY, DENSE, REPLAY_AGENTS, Server
 
 EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 SAMPLE = json.loads((Path(__file__).parent / "codex_request.json").read_text())
@@ -34,7 +33,7 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}", **{k: v for k, v in SAMPLE["hea
 def codex_body(recording: str, *, stream: bool = True) -> dict[str, Any]:
     """The captured request, on the replay model, its last user message tagged."""
     body: dict[str, Any] = copy.deepcopy(SAMPLE["body"])
-    body["model"] = MODEL
+    body["model"] = REPLAY_AGENTS
     body["stream"] = stream
     last = body["input"][-1]
     assert last["role"] == "user"
@@ -43,14 +42,8 @@ def codex_body(recording: str, *, stream: bool = True) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with codex_server(tmp_path_factory) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(replay: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=replay.api, headers=HEADERS, timeout=60) as c:
+def http(replay_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=replay_server.api, headers=HEADERS, timeout=60) as c:
         yield c
 
 
@@ -161,7 +154,7 @@ def test_a_namespaced_call_continued_from_the_store(http: httpx.Client) -> None:
     stored = http.get(f"/responses/{first.id}")
     assert stored.status_code == 200 and stored.json()["output"][0]["namespace"] == "multi_agent_v1"
     follow = {
-        "model": MODEL,
+        "model": REPLAY_AGENTS,
         "previous_response_id": first.id,
         "tools": SAMPLE["body"]["tools"],
         "input": [{"type": "function_call_output", "call_id": call.call_id, "output": "done"}],
