@@ -85,7 +85,7 @@ def test_whole_blocks() -> None:
 
 PAIRS = [(c, i) for c in bench.CLIENTS for i in range(1, len(session(c)))]
 # Claude Code's first request is [system][user][system: "# Environment" ...]: its Environment
-# block (~2,160 tokens: skills, agent types, today's date) comes as a system message after the
+# block (~2,110 tokens: skills, agent types, today's date) comes as a system message after the
 # first user turn. policies/prefix.py puts the note with the moved billing-header line right
 # after the last user turn, so before that block in request 1 and after it in request 2: the
 # two prompts part there, and turn 2 reuses 9,344 of 11,520 tokens.
