@@ -60,6 +60,12 @@ class ClientLeft(Exception):
     """The client went away: nobody is left to answer."""
 
 
+def _count_left(state: AppState) -> None:
+    """The one place a client that left is counted: once per request, queued (`start`) or
+    answered in part (`Running.release`); the HTTP layer only answers it (499)."""
+    state.counters.client_disconnects += 1
+
+
 async def start(job: Job, state: AppState, *, priority_header: str | None, client_gone: ClientGone) -> Running:
     """Take the job's holds in order; on any failure give back what was taken and raise."""
     wanted = demand(
@@ -92,6 +98,7 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         if flight is not None:
             flight.finish()  # it never reached its engine
         if isinstance(e, ClientLeft):
+            _count_left(state)
             log.info("%s: client left while queued", job.id)
         if metrics is not None:
             outcome = LEFT_QUEUED if isinstance(e, ClientLeft) else CANCELLED
@@ -172,7 +179,6 @@ async def _unless_gone(work: Awaitable[None], state: AppState, client_gone: Clie
     if task.done() and not task.cancelled():
         task.result()  # done (or failed): admission sees a client that left as well
         return
-    state.counters.client_disconnects += 1
     raise ClientLeft
 
 
@@ -197,7 +203,6 @@ async def _admit(wanted: Demand, state: AppState, client_gone: ClientGone) -> Ti
         # The client left. The cancel may have lost a race with the admission: give it back.
         if not acquire.cancelled() and acquire.exception() is None:
             acquire.result().release()
-        state.counters.client_disconnects += 1
         raise ClientLeft
     return acquire.result()
 
@@ -222,7 +227,6 @@ class Running:
         self.stopped: GatewayError | None = None
         self._aborting: asyncio.Task[None] | None = None
         self._untrack = state.drain.track(self)  # last: the drain may abort it at once
-        self._left_counted = False  # its client's leaving is in counters.client_disconnects
         self._client_left = False  # seen by `_watched`, which aborted the engine requests
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
@@ -262,11 +266,10 @@ class Running:
             return
         self._released = True
         self._untrack()
-        if not (self.returned or self.failed or self._left_counted):
-            # The client left and the server noticed it first on a failed send (the stream
-            # was closed), not on its disconnect message: count it all the same.
-            self._left_counted = True
-            self.state.counters.client_disconnects += 1
+        if not (self.returned or self.failed):
+            # The client left: seen on its disconnect message (`_watched`), or first on a
+            # failed send (the stream was closed).
+            _count_left(self.state)
         self.ticket.release()
         if self.flight is not None:
             self.flight.finish()
@@ -338,8 +341,7 @@ class Running:
 
         async def watch() -> None:
             await self.client_gone()
-            self._left_counted = self._client_left = True
-            counters.client_disconnects += 1
+            self._client_left = True
             log.info("client went away: aborting %s", self.job.id)
             await generate.abort(self.job)
 
