@@ -12,10 +12,12 @@ that what is shared comes first and stays byte-identical across requests and tur
    ordered by name. Lists keep their order (an enum's order may matter).
 3. Volatile lines in those leading instructions (a timestamp, a date, a UUID, a
    request id; the patterns are configurable) move out of the shared prefix into
-   a short system note placed just after the latest user turn, so the model still
-   sees them. After, not before: the next turn's prompt then still shares the
-   latest user message (a pasted document, say) with this one; a note before it
-   would end the shared chain there.
+   a short system note at the end of the conversation (before an assistant
+   message the client wants continued), so the model still sees them. At the end:
+   the next request then shares everything this one had but the note, the latest
+   user message (a pasted document, say) and whatever followed it (an agent's
+   tool calls and results, a system turn) included; a note anywhere earlier would
+   end the shared chain there, at every turn.
 4. Past assistant turns are rendered as the model produced them. When the
    template's generation prompt carries a prefix that its history rendering drops
    (Qwen3's empty `<think>` block when thinking is off), that prefix is put back
@@ -108,19 +110,18 @@ def normalize(
             for m, text in zip(out[:lead], kept_lines, strict=True):
                 m["content"] = text
             moved = tuple(moved_lines)
-            last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=len(out) - 1)
             note = {"role": "system", "content": NOTE_HEADER + "\n" + "\n".join(moved_lines)}
-            out.insert(last_user + 1, note)
+            out.insert(len(out) - 1 if _prefill(out) else len(out), note)
             changes.append("volatile")
 
     if policy.stable_history and history_prefix:
         marker = history_prefix.split("\n", 1)[0]  # e.g. "<think>": the turn already has its block
-        last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=-1)
+        # Past turns only: an assistant message that ends the conversation is a prefill the
+        # client wants continued, rendered as given; one followed by its tool results is past.
+        last = len(out) - 1 if _prefill(out) else len(out)
         for i, m in enumerate(out):
-            # Past turns only: an assistant message after the last user turn is a prefill
-            # the client wants continued, rendered as given.
             content = m.get("content")
-            past = i < last_user and m.get("role") == "assistant"
+            past = i < last and m.get("role") == "assistant"
             if past and isinstance(content, str) and content and not content.startswith(marker):
                 m["content"] = history_prefix + content
                 if "history" not in changes:
@@ -135,6 +136,11 @@ def normalize(
             if [json.dumps(t) for t in canon] != [json.dumps(t) for t in given]:
                 changes.append("tools")
     return Normalized(out, canon, moved, tuple(changes))
+
+
+def _prefill(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """The conversation ends with an assistant message: the client wants it continued."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
 
 
 def _text(m: Mapping[str, Any]) -> str:

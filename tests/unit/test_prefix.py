@@ -1,5 +1,6 @@
 """policies/prefix.py: stable parts first and identical across requests; the conversation untouched."""
 
+import itertools
 import json
 import random
 from collections import Counter
@@ -28,7 +29,7 @@ def check_invariants(before: list[dict], after: list[dict], history_prefix: str 
     assert moved == Counter(prefix.instructions(before))
 
 
-def test_volatile_lines_move_to_a_note_after_the_latest_user_turn() -> None:
+def test_volatile_lines_move_to_a_note_at_the_end() -> None:
     msgs = [
         {"role": "system", "content": system("2026-11-29T17:33:05Z")},
         {"role": "user", "content": "hi"},
@@ -110,6 +111,37 @@ def test_past_assistant_turns_render_as_generated() -> None:
     assert out.changes == ("history",)
     check_invariants(msgs, out.messages, THINK)
     assert normalize(msgs, None, PrefixPolicy(stable_history=False), history_prefix=THINK).messages == msgs
+
+
+def test_an_agent_s_next_request_shares_all_but_the_note() -> None:
+    """Tool calls, their results and system turns after the latest user message stay before
+    the note, so the next request (one more call, or the next user turn) extends this one up
+    to its note; an assistant message the client wants continued stays last."""
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "ls"}}]}
+    first = [
+        {"role": "system", "content": system("2026-11-29T17:33:05Z")},
+        {"role": "user", "content": "list the files"},
+        {"role": "system", "content": "# Environment\ncwd: /work"},  # Claude Code's system turn
+    ]
+    then = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}]
+    later = [*then, {"role": "assistant", "content": "One file."}, {"role": "user", "content": "thanks"}]
+    sources = (first, then, later)
+    runs = [normalize(m, None, ON).messages for m in sources]
+    for source, run in zip(sources, runs, strict=True):
+        assert run[-1]["content"].startswith(NOTE_HEADER)
+        check_invariants(source, run)
+    for before, after in itertools.pairwise(runs):
+        assert after[: len(before) - 1] == before[:-1]
+    prefill = [*first, {"role": "assistant", "content": "Sure:"}]
+    out = normalize(prefill, None, ON).messages
+    assert out[-1] == prefill[-1] and out[-2]["content"].startswith(NOTE_HEADER)
+
+
+def test_an_assistant_turn_followed_by_its_tool_results_is_past() -> None:
+    call = {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "c1", "function": {"name": "ls"}}]}
+    msgs = [{"role": "user", "content": "a"}, call, {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}]
+    out = normalize(msgs, None, ON, history_prefix=THINK)
+    assert out.messages[1]["content"] == THINK + "Let me look." and out.changes == ("history",)
 
 
 def test_off_changes_nothing() -> None:
