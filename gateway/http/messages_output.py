@@ -27,14 +27,14 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
+from gateway.http.tally import Tally
 from gateway.lifecycle.job import Job
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
-from policies import prefix
 
 log = logging.getLogger(__name__)
 
@@ -145,47 +145,24 @@ def _tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-@dataclass
-class _Tally:
-    prompt_tokens: int
-    cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    finish_reason: str | None = None
-    stop_reason: str | int | None = field(default=None)
-
-    def observe(self, chunk: EngineChunk) -> None:
-        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
-        for c in chunk.choices:
-            self.output_tokens += len(c.token_ids)
-            if c.finish_reason is not None:
-                self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
-
-    def usage(self) -> dict[str, Any]:
-        written = max(0, self.cacheable_tokens - self.cached_tokens)
-        return {
-            "input_tokens": self.prompt_tokens - self.cached_tokens - written,
-            "cache_creation_input_tokens": written,
-            "cache_read_input_tokens": self.cached_tokens,
-            "output_tokens": self.output_tokens,
-        }
-
-    def stop(self, tool_calls: int) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence)."""
-        if tool_calls:
-            return "tool_use", None
-        if self.finish_reason == "length":
-            return "max_tokens", None
-        if isinstance(self.stop_reason, str):
-            return "stop_sequence", self.stop_reason
-        return "end_turn", None
+def _usage(tally: Tally) -> dict[str, Any]:
+    return {
+        "input_tokens": tally.prompt_tokens - tally.cached_tokens - tally.written_tokens,
+        "cache_creation_input_tokens": tally.written_tokens,
+        "cache_read_input_tokens": tally.cached_tokens,
+        "output_tokens": tally.output_tokens,
+    }
 
 
-def _tally(job: Job) -> _Tally:
-    prompt = len(job.prompts[0])
-    served = job.served
-    cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
-    return _Tally(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+def _stop(tally: Tally, tool_calls: int) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence)."""
+    if tool_calls:
+        return "tool_use", None
+    if tally.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(tally.stop_reason, str):
+        return "stop_sequence", tally.stop_reason
+    return "end_turn", None
 
 
 @dataclass
@@ -208,7 +185,7 @@ class MessageEncoder:
         }
 
     async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
-        tally, blocks, parser = _tally(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
+        tally, blocks, parser = Tally.of(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
         async for _, chunk in chunks:
             tally.observe(chunk)
             for c in chunk.choices:
@@ -216,12 +193,12 @@ class MessageEncoder:
         blocks.apply(parser.finish())
         blocks.close()
         job.meter.reasoning_tokens = parser.reasoning_tokens
-        body = self._message(job, blocks.content, tally.usage())
-        body["stop_reason"], body["stop_sequence"] = tally.stop(blocks.tool_calls)
+        body = self._message(job, blocks.content, _usage(tally))
+        body["stop_reason"], body["stop_sequence"] = _stop(tally, blocks.tool_calls)
         return body
 
     async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
-        tally, blocks, parser = _tally(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
+        tally, blocks, parser = Tally.of(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
         started = False
         try:
             async for _, chunk in chunks:
@@ -229,7 +206,7 @@ class MessageEncoder:
                 lines = []
                 if not started:
                     started = True
-                    opening = self._message(job, [], tally.usage() | {"output_tokens": 0})
+                    opening = self._message(job, [], _usage(tally) | {"output_tokens": 0})
                     lines += [sse({"type": "message_start", "message": opening}), sse({"type": "ping"})]
                 for c in chunk.choices:
                     lines += [sse(e) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
@@ -237,9 +214,9 @@ class MessageEncoder:
                     yield "".join(lines)
             job.meter.reasoning_tokens = parser.reasoning_tokens
             tail = [sse(e) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
-            stop_reason, stop_sequence = tally.stop(blocks.tool_calls)
+            stop_reason, stop_sequence = _stop(tally, blocks.tool_calls)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            tail.append(sse({"type": "message_delta", "delta": delta, "usage": tally.usage()}))
+            tail.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(tally)}))
             tail.append(sse({"type": "message_stop"}))
             yield "".join(tail)
         except Exception as exc:  # the status line is sent: report in-band

@@ -47,6 +47,7 @@ from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
 from gateway.http.responses_input import CUSTOM_INPUT, ToolRef, output_messages
 from gateway.http.responses_schemas import encode_reasoning
+from gateway.http.tally import Tally
 from gateway.lifecycle.job import Job
 from gateway.text.assistant import (
     ContentDelta,
@@ -57,7 +58,6 @@ from gateway.text.assistant import (
     ToolCallStart,
     TurnParser,
 )
-from policies import prefix
 
 log = logging.getLogger(__name__)
 
@@ -327,45 +327,18 @@ def _part(kind: ItemKind, text: str) -> dict[str, Any]:
 # --- the response object -------------------------------------------------------------------
 
 
-@dataclass
-class _Tally:
-    """Usage and how the engine finished."""
-
-    input_tokens: int
-    cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    finish_reason: str | None = None
-
-    def observe(self, chunk: EngineChunk) -> None:
-        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
-        for c in chunk.choices:
-            self.output_tokens += len(c.token_ids)
-            if c.finish_reason is not None:
-                self.finish_reason = c.finish_reason
-
-    def usage(self, reasoning_tokens: int) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input_tokens,
-            "input_tokens_details": {
-                "cached_tokens": self.cached_tokens,
-                "cache_write_tokens": max(0, self.cacheable_tokens - self.cached_tokens),
-            },
-            "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-            "total_tokens": self.input_tokens + self.output_tokens,
-        }
-
-    @property
-    def status(self) -> Status:
-        return "incomplete" if self.finish_reason == "length" else "completed"
+def _usage(tally: Tally, reasoning_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": tally.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": tally.cached_tokens, "cache_write_tokens": tally.written_tokens},
+        "output_tokens": tally.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": tally.prompt_tokens + tally.output_tokens,
+    }
 
 
-def _tally(job: Job) -> _Tally:
-    prompt = len(job.prompts[0])
-    served = job.served
-    cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
-    return _Tally(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+def _status(tally: Tally) -> Status:
+    return "incomplete" if tally.finish_reason == "length" else "completed"
 
 
 @dataclass
@@ -409,21 +382,21 @@ class ResponseEncoder:
             **self.echo,
         }
 
-    async def _finish(self, job: Job, items: OutputItems, tally: _Tally, parser: TurnParser) -> dict[str, Any]:
+    async def _finish(self, job: Job, items: OutputItems, tally: Tally, parser: TurnParser) -> dict[str, Any]:
         job.meter.reasoning_tokens = parser.reasoning_tokens
-        body = self.body(job, status=tally.status, output=items.output, usage=tally.usage(parser.reasoning_tokens))
+        body = self.body(job, status=_status(tally), output=items.output, usage=_usage(tally, parser.reasoning_tokens))
         if self.save is not None:
             await self.save(body, [*self.conversation, *output_messages(items.output)])
         return body
 
     async def complete(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> dict[str, Any]:
-        tally, items, parser = _tally(job), self._items(), TurnParser(job.turn)
+        tally, items, parser = Tally.of(job), self._items(), TurnParser(job.turn)
         async for _, chunk in chunks:
             tally.observe(chunk)
             for c in chunk.choices:
                 items.apply(parser.feed(c.text, c.token_ids))
         items.apply(parser.finish())
-        items.close(tally.status)
+        items.close(_status(tally))
         return await self._finish(job, items, tally, parser)
 
     async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
@@ -435,7 +408,7 @@ class ResponseEncoder:
             seq += 1
             return line
 
-        tally, items, parser = _tally(job), self._items(), TurnParser(job.turn)
+        tally, items, parser = Tally.of(job), self._items(), TurnParser(job.turn)
         opening = self.body(job, status="in_progress", output=[], usage=None)
         yield event({"type": "response.created", "response": opening})
         yield event({"type": "response.in_progress", "response": opening})
@@ -445,7 +418,7 @@ class ResponseEncoder:
                 for c in chunk.choices:
                     for e in items.apply(parser.feed(c.text, c.token_ids)):
                         yield event(e)
-            for e in [*items.apply(parser.finish()), *items.close(tally.status)]:
+            for e in [*items.apply(parser.finish()), *items.close(_status(tally))]:
                 yield event(e)
             body = await self._finish(job, items, tally, parser)
             yield event({"type": f"response.{body['status']}", "response": body})
@@ -458,7 +431,7 @@ class ResponseEncoder:
                 job,
                 status="failed",
                 output=items.output,
-                usage=tally.usage(parser.reasoning_tokens),
+                usage=_usage(tally, parser.reasoning_tokens),
                 error={"code": "server_error", "message": err.message},
             )
             yield event({"type": "response.failed", "response": failed})

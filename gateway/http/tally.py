@@ -1,0 +1,40 @@
+"""What a job's engine output added up to, for the surfaces that read one choice (Responses,
+Messages): prompt and output tokens, what the prefix cache held and what it keeps, and how
+the engine finished. Each surface writes it in its own usage shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_adapter.base import EngineChunk
+from gateway.lifecycle.job import Job
+from policies import prefix
+
+
+@dataclass
+class Tally:
+    prompt_tokens: int
+    cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string (or token id) that ended it
+
+    @classmethod
+    def of(cls, job: Job) -> Tally:
+        prompt = len(job.prompts[0])
+        served = job.served
+        cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
+        return cls(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+
+    def observe(self, chunk: EngineChunk) -> None:
+        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
+        for c in chunk.choices:
+            self.output_tokens += len(c.token_ids)
+            if c.finish_reason is not None:
+                self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
+
+    @property
+    def written_tokens(self) -> int:
+        """Prompt tokens newly kept by the prefix cache (whole blocks it did not hold)."""
+        return max(0, self.cacheable_tokens - self.cached_tokens)
