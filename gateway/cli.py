@@ -28,16 +28,22 @@ DEFAULT_CONFIG = "config/default.yaml"
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML config file")]
 
 
-def _settings_to_serve(config: Path) -> Settings:
-    """The config, validated, its model directories and secrets present, its memory plan applied."""
+def _load(config: Path) -> Settings:
+    """The config, validated; exit 2 with the reason when it is not."""
     from gateway.settings import load_settings
-    from policies.memory_plan import PlanDoesNotFit
 
     try:
-        settings = load_settings(config)
+        return load_settings(config)
     except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
         typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
         raise typer.Exit(2) from None
+
+
+def _settings_to_serve(config: Path) -> Settings:
+    """The config, validated, its model directories and secrets present, its memory plan applied."""
+    from policies.memory_plan import PlanDoesNotFit
+
+    settings = _load(config)
     if missing := settings.missing_model_dirs():
         lines = "\n  ".join(missing)
         typer.echo(
@@ -213,13 +219,9 @@ def plan(
 
     from gateway.plan import planner
     from gateway.plan.fleet import DEFAULT_WORKLOAD
-    from gateway.settings import load_box, load_settings
+    from gateway.settings import load_box
 
-    try:
-        settings = load_settings(config)
-    except (OSError, ValueError) as e:
-        typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
-        raise typer.Exit(2) from None
+    settings = _load(config)
     try:
         box_spec, serving = load_box(box)
     except (OSError, ValueError) as e:
@@ -317,13 +319,8 @@ def codex_config(
 ) -> None:
     """Print a Codex CLI config.toml for this gateway; write its model catalog (each model's context)."""
     from gateway import codex
-    from gateway.settings import load_settings
 
-    try:
-        settings = load_settings(config)
-    except (OSError, ValueError) as e:
-        typer.echo(f"sparkgate: invalid config {config}:\n{e}", err=True)
-        raise typer.Exit(2) from None
+    settings = _load(config)
     models = [codex.CodexModel(m.name, min(m.max_model_len, m.max_context or m.max_model_len)) for m in settings.models]
     names = [m.name for m in models]
     if model is not None and model not in names:
