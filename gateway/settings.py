@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.text.formats import ReasoningParser, ToolParser
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
 
@@ -414,10 +415,11 @@ class ModelSettings(_Model):
     token_pace_s: float = Field(0.0, ge=0)
     # Passed verbatim to vLLM's AsyncEngineArgs (names differ across versions).
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    # How the model writes tool calls and reasoning (docs/tools.md). "auto": read off the
-    # chat template (`<function=` -> qwen3_xml, `<tool_call>` -> hermes, `<think>` -> qwen3).
-    tool_parser: Literal["auto", "hermes", "qwen3_xml", "none"] = "auto"
-    reasoning_parser: Literal["auto", "qwen3", "none"] = "auto"
+    # How the model writes tool calls and reasoning (docs/tools.md): a family registered in
+    # gateway/text/formats, "none", or "auto": read off the chat template (`<function=` ->
+    # qwen3_xml, `<tool_call>` -> hermes, `<think>` -> qwen3).
+    tool_parser: ToolParser = "auto"
+    reasoning_parser: ReasoningParser = "auto"
 
     # Admission: running jobs' sequences at once (None: the engine's max_num_seqs) and the
     # longest prompt + max_tokens accepted (None: max_model_len).

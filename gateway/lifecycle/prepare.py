@@ -29,7 +29,6 @@ from gateway.lifecycle.job import Job
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings
-from gateway.text import templates
 from gateway.text.assistant import TurnSpec
 from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
@@ -137,7 +136,7 @@ def _forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
 def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt) -> TurnSpec:
     """How this request's output is read: where reasoning starts, which tool calls to parse."""
     formats = served.formats
-    reasoning = templates.reasoning_start(tokens.text_of(served.tokenizer, prompt)) if formats.reasoning else "none"
+    reasoning = formats.reasoning_start(tokens.text_of(served.tokenizer, prompt)) if formats.reasoning else "none"
     forced: Literal["named", "required"] | None = None
     if req.forced_function is not None:
         forced = "named"
@@ -145,7 +144,8 @@ def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt
         forced = "required"
     parse_calls = bool(req.tools) and req.tool_choice != "none" and forced is None
     return TurnSpec(
-        reasoning=reasoning,  # type: ignore[arg-type]
+        reasoning=reasoning,
+        reasoning_format=formats.reasoning_format,
         tool_format=formats.tool_format if parse_calls else None,
         tools=req.function_tools,
         forced=forced,

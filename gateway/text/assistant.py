@@ -1,8 +1,8 @@
 """An assistant turn's text, split into what clients show apart: reasoning, answer, tool calls.
 
 Qwen models write one stream of text: an optional `<think>...</think>` block, then the
-answer, in which tool calls appear as `<tool_call>...</tool_call>` blocks, in one of two
-formats chosen per model (`tool_parser` in the config):
+answer, in which tool calls appear as `<tool_call>...</tool_call>` blocks, in the format of
+the model's family (`tool_parser` in the config; one module each in `gateway/text/formats/`):
 
     hermes     (Qwen3)              <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>
     qwen3_xml  (Qwen3-Coder, 3.5+)  <tool_call><function=f><parameter=x>1</parameter></function></tool_call>
@@ -11,6 +11,8 @@ formats chosen per model (`tool_parser` in the config):
 `ContentDelta`, `ToolCallStart`, `ToolCallArgs`, `ToolCallEnd`) that the chat and
 Responses encoders map to their own shapes. It holds back only what could be the start
 of a marker (`<tool_call>`, `</think>`), so streamed text is late by a few characters at most.
+What is common to every family is here (the think block, the answer around the calls,
+forced calls); a call's block, once its start marker is seen, is read by the family's parser.
 
 A forced tool choice (`required`, or a named function) is generated under a JSON grammar:
 the answer is then the arguments object itself (named) or an array of
@@ -27,24 +29,21 @@ is sent parameter by parameter; a named forced call token by token.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Literal
 
-ReasoningStart = Literal["none", "open", "maybe"]
-ToolFormat = Literal["hermes", "qwen3_xml"]
-
-THINK_START = "<think>"
-THINK_END = "</think>"
-CALL_START = "<tool_call>"
-CALL_END = "</tool_call>"
-_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
-_PARAM_OPEN = re.compile(r"\s*<parameter=([^>\n]+)>")
-_PARAM_CLOSE = "</parameter>"
-_FUNCTION_CLOSE = "</function>"
+from gateway.text.formats import (
+    CallParser,
+    ReasoningFormat,
+    ReasoningStart,
+    ToolFormat,
+    Tools,
+    reasoning_format,
+    tool_format,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +85,9 @@ class TurnSpec:
     # "open": the prompt opened a think block, the output starts inside it; "maybe": the
     # output is reasoning if it starts with <think>; "none": thinking is off or unknown.
     reasoning: ReasoningStart = "none"
-    tool_format: ToolFormat | None = None  # None: tool calls are not parsed
+    # The family whose think block it is (a `reasoning_parser` name): None only with reasoning "none".
+    reasoning_format: str | None = "qwen3"
+    tool_format: str | None = None  # the family whose calls are parsed (a `tool_parser` name); None: none are
     # The request's function tools: name -> JSON schema of the parameters.
     tools: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     forced: Literal["named", "required"] | None = None
@@ -94,6 +95,10 @@ class TurnSpec:
     # A named forced call whose output is the raw text of this one string parameter (not JSON).
     forced_text: str | None = None
     think_end_id: int | None = None  # the </think> token, to count reasoning tokens
+
+    def __post_init__(self) -> None:
+        if self.reasoning != "none" and self.reasoning_format is None:
+            raise ValueError(f"reasoning {self.reasoning!r} needs a reasoning_format")
 
     @property
     def plain(self) -> bool:
@@ -124,41 +129,19 @@ class _State(Enum):
     FORCED = auto()  # the answer is a forced call's JSON
 
 
-def convert_param(value: str, schema: Mapping[str, Any] | None) -> Any:
-    """An XML parameter's text as the JSON value its schema's type asks for (text when unsure)."""
-    types = (schema or {}).get("type")
-    kinds = set(types) if isinstance(types, list) else {types}
-    text = value.strip()
-    if kinds & {"integer", "number"}:
-        try:
-            number = float(text)
-        except ValueError:
-            return value
-        if "integer" in kinds and number.is_integer() and "." not in text and "e" not in text.lower():
-            return int(text)
-        return number
-    if "boolean" in kinds and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if "null" in kinds and text.lower() in ("null", "none"):
-        return None
-    if kinds & {"object", "array"}:
-        try:
-            return json.loads(text)
-        except ValueError:
-            return value
-    return value
-
-
 class TurnParser:
     """One choice's output text -> events. Feed text as it arrives, then `finish()`."""
 
     def __init__(self, spec: TurnSpec) -> None:
         self.spec = spec
+        self._tool: ToolFormat | None = None if spec.tool_format is None else tool_format(spec.tool_format)
+        self._think: ReasoningFormat | None = None
+        if spec.reasoning != "none" and spec.reasoning_format is not None:
+            self._think = reasoning_format(spec.reasoning_format)
         self._buf = ""
         self._calls = 0
         self._args = ""  # the open call's arguments so far
-        self._call_name: str | None = None  # the open XML call's function, once known
-        self._params = 0  # parameters written for the open XML call
+        self._call: CallParser | None = None  # the family's parser of the open call
         self._ws = ""  # whitespace held back in content: dropped if a tool call follows
         self._content_started = False
         self._strip_newlines = False  # at the start of a think block or of the answer after it
@@ -244,34 +227,38 @@ class TurnParser:
             elif self._state == _State.CONTENT:
                 self._content_scan(out, final)
             elif self._state == _State.CALL:
-                self._call(out)
+                self._in_call(out)
             else:
                 self._forced(out)
             if (self._state, len(self._buf)) == before:
                 return
 
     def _maybe(self, final: bool) -> None:
+        assert self._think is not None
+        start = self._think.think_start
         head = self._buf.lstrip()
-        if head.startswith(THINK_START):
-            self._buf = head[len(THINK_START) :]
+        if head.startswith(start):
+            self._buf = head[len(start) :]
             self._state = _State.REASONING
             self._strip_newlines = True
             self.reasoning_tokens += self._tentative_tokens
             self._tentative_tokens = 0
-        elif final or not THINK_START.startswith(head):
+        elif final or not start.startswith(head):
             self._state = self._answer_state()
             self._tentative_tokens = 0
             self._counting = False
 
     def _reasoning(self, out: list[Event], final: bool) -> None:
+        assert self._think is not None
+        think_end = self._think.think_end
         if self._strip_newlines:
             self._buf = self._buf.lstrip("\n")
             if not self._buf:
                 return
             self._strip_newlines = False
-        end = self._buf.find(THINK_END)
+        end = self._buf.find(think_end)
         # A tool call inside the think block ends it (the model skipped </think>).
-        call = self._buf.find(CALL_START) if self.spec.tool_format is not None else -1
+        call = self._buf.find(self._tool.call_start) if self._tool is not None else -1
         if call != -1 and (end == -1 or call < end):
             if text := self._buf[:call].rstrip("\n"):
                 out.append(ReasoningDelta(text))
@@ -282,13 +269,13 @@ class TurnParser:
         if end != -1:
             if text := self._buf[:end].rstrip("\n"):
                 out.append(ReasoningDelta(text))
-            self._buf = self._buf[end + len(THINK_END) :]
+            self._buf = self._buf[end + len(think_end) :]
             self._state = self._answer_state()
             self._strip_newlines = True
             return
         if final:
             return
-        markers = (THINK_END, CALL_START) if self.spec.tool_format is not None else (THINK_END,)
+        markers = (think_end, self._tool.call_start) if self._tool is not None else (think_end,)
         keep = _held_suffix(self._buf, *markers)
         body = self._buf[: len(self._buf) - keep]
         trailing = len(body) - len(body.rstrip("\n"))  # newlines before </think> are markup
@@ -303,7 +290,7 @@ class TurnParser:
             text = text.lstrip("\n")
             if text:
                 self._strip_newlines = False
-        if self.spec.tool_format is None:
+        if self._tool is None:
             if text:
                 out.append(ContentDelta(text))
             return
@@ -318,129 +305,36 @@ class TurnParser:
             self._content_started = True
 
     def _content_scan(self, out: list[Event], final: bool) -> None:
-        if self.spec.tool_format is None:
+        if self._tool is None:
             if self._buf:
                 self._content(out, self._buf)
                 self._buf = ""
             return
-        start = self._buf.find(CALL_START)
+        call_start = self._tool.call_start
+        start = self._buf.find(call_start)
         if start != -1:
             self._content(out, self._buf[:start])  # its trailing whitespace waits: the call may be malformed
-            self._buf = self._buf[start + len(CALL_START) :]
+            self._buf = self._buf[start + len(call_start) :]
             self._state = _State.CALL
-            self._args, self._call_name, self._params = "", None, 0
+            self._args, self._call = "", self._tool.call_parser()
             return
-        keep = 0 if final else _held_suffix(self._buf, CALL_START)
+        keep = 0 if final else _held_suffix(self._buf, call_start)
         text = self._buf[: len(self._buf) - keep]
         if text:
             self._content(out, text, final=final)
             self._buf = self._buf[len(text) :]
 
-    # --- tool calls in the answer ---
+    # --- tool calls in the answer: read by the family's parser, reported to a _Sink ---
 
-    def _known(self, name: str) -> bool:
-        return not self.spec.tools or name in self.spec.tools
-
-    def _call(self, out: list[Event]) -> None:
-        if self.spec.tool_format == "qwen3_xml":
-            self._xml_call(out)
-            return
-        end = self._buf.find(CALL_END)
-        if end == -1:
-            return
-        body = self._buf[:end]
-        self._buf = self._buf[end + len(CALL_END) :]
-        self._state = _State.CONTENT
-        self._json_call(out, body)
-
-    def _json_call(self, out: list[Event], body: str) -> None:
-        parsed = _parse_json_call(body)
-        if parsed is None or not self._known(parsed[0]):
-            self._content(out, CALL_START + body + CALL_END)
-            return
-        name, arguments = parsed
-        self._ws = ""
-        index = self._calls
-        self._calls += 1
-        out += [ToolCallStart(index, new_call_id(), name), ToolCallArgs(index, arguments)]
-        out.append(ToolCallEnd(index, arguments))
-
-    def _xml_call(self, out: list[Event]) -> None:
-        if self._call_name is None:
-            m = _FUNCTION.match(self._buf)
-            if m is None:
-                stripped = self._buf.lstrip()
-                closed = CALL_END in self._buf
-                if closed or (stripped and not "<function=".startswith(stripped[:10]) and ">" in stripped):
-                    self._malformed_xml(out)
-                return
-            name = m.group(1).strip()
-            if not self._known(name):
-                self._malformed_xml(out)
-                return
-            self._call_name = name
-            self._ws = ""
-            self._buf = self._buf[m.end() :]
-            out.append(ToolCallStart(self._calls, new_call_id(), name))
-        while True:
-            m = _PARAM_OPEN.match(self._buf)
-            if m is None:
-                break
-            close = self._buf.find(_PARAM_CLOSE, m.end())
-            if close == -1:
-                return
-            self._add_param(out, m.group(1).strip(), self._buf[m.end() : close])
-            self._buf = self._buf[close + len(_PARAM_CLOSE) :]
-        head = self._buf.lstrip()
-        for closer in (_FUNCTION_CLOSE, CALL_END):
-            if head.startswith(closer):
-                self._buf = head[len(closer) :]
-                if closer == CALL_END:
-                    self._close_xml_call(out)
-                return
-
-    def _add_param(self, out: list[Event], name: str, raw: str) -> None:
-        value = raw[1:] if raw.startswith("\n") else raw
-        value = value[:-1] if value.endswith("\n") else value
-        assert self._call_name is not None
-        props = (self.spec.tools.get(self._call_name) or {}).get("properties") or {}
-        converted = convert_param(value, props.get(name))
-        pair = json.dumps(name) + ": " + json.dumps(converted, ensure_ascii=False)
-        piece = ("{" if self._params == 0 else ", ") + pair
-        self._params += 1
-        self._args += piece
-        out.append(ToolCallArgs(self._calls, piece))
-
-    def _close_xml_call(self, out: list[Event]) -> None:
-        piece = "{}" if self._params == 0 else "}"
-        self._args += piece
-        out += [ToolCallArgs(self._calls, piece), ToolCallEnd(self._calls, self._args)]
-        self._calls += 1
-        self._state = _State.CONTENT
-        self._args, self._call_name, self._params = "", None, 0
-
-    def _malformed_xml(self, out: list[Event]) -> None:
-        end = self._buf.find(CALL_END)
-        body = self._buf if end == -1 else self._buf[: end + len(CALL_END)]
-        self._buf = "" if end == -1 else self._buf[end + len(CALL_END) :]
-        self._state = _State.CONTENT
-        self._content(out, CALL_START + body)
+    def _in_call(self, out: list[Event]) -> None:
+        assert self._call is not None
+        self._buf = self._call.feed(self._buf, _Sink(self, out))
 
     def _finish_call(self, out: list[Event]) -> None:
-        """The output ended inside a call (no </tool_call>): keep it if it is whole."""
-        if self.spec.tool_format == "qwen3_xml":
-            if self._call_name is None:
-                self._malformed_xml(out)
-                return
-            self._close_xml_call(out)
-            return
-        body, self._buf = self._buf, ""
-        self._state = _State.CONTENT
-        parsed = _parse_json_call(body)
-        if parsed is None or not self._known(parsed[0]):
-            self._content(out, CALL_START + body, final=True)
-            return
-        self._json_call(out, body)
+        """The output ended inside a call (no end marker): the family keeps it if it can."""
+        assert self._call is not None
+        text, self._buf = self._buf, ""
+        self._call.finish(text, _Sink(self, out))
 
     # --- forced tool choice: the answer is JSON under a grammar ---
 
@@ -526,23 +420,45 @@ class TurnParser:
             self._content(out, self._args, final=True)
 
 
-def _parse_json_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a Qwen3 JSON call, or None when it is not one."""
-    try:
-        value = json.loads(body.strip())
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    args = value.get("arguments", value.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return value["name"], json.dumps(args, ensure_ascii=False)
+class _Sink:
+    """What a family's call parser reports, as the turn's events (see formats.CallSink)."""
+
+    __slots__ = ("_out", "_parser")
+
+    def __init__(self, parser: TurnParser, out: list[Event]) -> None:
+        self._parser = parser
+        self._out = out
+
+    @property
+    def tools(self) -> Tools:
+        return self._parser.spec.tools
+
+    def known(self, name: str) -> bool:
+        tools = self._parser.spec.tools
+        return not tools or name in tools
+
+    def start(self, name: str) -> None:
+        p = self._parser
+        p._ws = ""  # whitespace before a call is not the answer's
+        self._out.append(ToolCallStart(p._calls, new_call_id(), name))
+
+    def args(self, piece: str) -> None:
+        p = self._parser
+        p._args += piece
+        self._out.append(ToolCallArgs(p._calls, piece))
+
+    def end(self) -> None:
+        p = self._parser
+        self._out.append(ToolCallEnd(p._calls, p._args))
+        p._calls += 1
+        p._state = _State.CONTENT
+        p._args, p._call = "", None
+
+    def reject(self, text: str, *, final: bool = False) -> None:
+        p = self._parser
+        p._state = _State.CONTENT
+        p._call = None
+        p._content(self._out, text, final=final)
 
 
 @dataclass

@@ -11,14 +11,23 @@ past answer makes the history render exactly like generation did.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from gateway.text.assistant import THINK_END, ToolFormat
+from gateway.text.formats import (
+    ReasoningFormat,
+    ReasoningStart,
+    ToolFormat,
+    detect_reasoning_format,
+    detect_tool_format,
+    reasoning_format,
+    tool_format,
+)
 from policies.tokens import ChatTokenizer
 
 _MARK = "\u2063sparkgate-probe\u2063"
+_F = TypeVar("_F", ToolFormat, ReasoningFormat)
 
 
 def history_prefix(tokenizer: ChatTokenizer, template_kwargs: Mapping[str, Any] | None) -> str:
@@ -65,36 +74,39 @@ def _probe(tokenizer: ChatTokenizer, kwargs_json: str) -> str:
 class OutputFormats:
     """How a model writes tool calls and reasoning: what its output parser needs."""
 
-    tool_format: ToolFormat | None = None
-    reasoning: bool = False  # the model thinks in <think>...</think>
+    tool_format: str | None = None  # the family of its tool calls (gateway/text/formats); None: not parsed
+    reasoning_format: str | None = None  # the family of its think block; None: it does not think
     think_end_id: int | None = None
+
+    @property
+    def reasoning(self) -> bool:
+        """The model thinks (in its family's think block)."""
+        return self.reasoning_format is not None
+
+    def reasoning_start(self, prompt_text: str) -> ReasoningStart:
+        """Where the output starts, read off the rendered prompt: inside a think block the
+        prompt opened ("open"), after one it closed (thinking off: "none"), or undecided,
+        the model choosing whether to think ("maybe"); "none" for a model that does not think."""
+        if self.reasoning_format is None:
+            return "none"
+        return reasoning_format(self.reasoning_format).reasoning_start(prompt_text)
 
 
 def output_formats(tokenizer: Any, tool_parser: str, reasoning_parser: str) -> OutputFormats:
-    """The configured formats, or ("auto") those the chat template shows."""
+    """The configured formats, or ("auto") those the chat template shows: the first family,
+    in the registry's order, that recognizes it ("none", or no family's: not parsed)."""
     template = getattr(tokenizer, "chat_template", None)
     text = template if isinstance(template, str) else json.dumps(template or "")
-    tool: ToolFormat | None
-    if tool_parser == "auto":
-        tool = "qwen3_xml" if "<function=" in text else "hermes" if "<tool_call>" in text else None
-    else:
-        tool = None if tool_parser == "none" else tool_parser  # type: ignore[assignment]
-    thinks = "<think>" in text if reasoning_parser == "auto" else reasoning_parser == "qwen3"
-    end_id = None
-    if thinks:
-        ids = tokenizer.encode(THINK_END, add_special_tokens=False)
-        end_id = ids[0] if len(ids) == 1 else None
-    return OutputFormats(tool_format=tool, reasoning=thinks, think_end_id=end_id)
+    tool = _pick(tool_parser, text, tool_format, detect_tool_format)
+    thinks = _pick(reasoning_parser, text, reasoning_format, detect_reasoning_format)
+    return OutputFormats(
+        tool_format=None if tool is None else tool.name,
+        reasoning_format=None if thinks is None else thinks.name,
+        think_end_id=None if thinks is None else thinks.think_end_id(tokenizer),
+    )
 
 
-def reasoning_start(prompt_text: str) -> str:
-    """Where the output starts, from the prompt's last assistant header on: inside a think
-    block the prompt opened ("open"), after one it closed (thinking off: "none"), or
-    undecided, the model choosing whether to think ("maybe")."""
-    tail = prompt_text[prompt_text.rfind("<|im_start|>assistant") :] if "<|im_start|>" in prompt_text else prompt_text
-    opened, closed = tail.rfind("<think>"), tail.rfind(THINK_END)
-    if closed != -1 and closed > opened:
-        return "none"
-    if opened != -1:
-        return "open"
-    return "maybe"
+def _pick(name: str, template: str, named: Callable[[str], _F], detect: Callable[[str], _F | None]) -> _F | None:
+    if name == "auto":
+        return detect(template)
+    return None if name == "none" else named(name)

@@ -1,4 +1,8 @@
-"""The assistant-turn parser: reasoning, Qwen tool calls (JSON and XML), forced calls, streamed in any pieces."""
+"""The assistant-turn parser: reasoning, Qwen tool calls (JSON and XML), forced calls, streamed in any pieces.
+
+The chunk-size tests of tool calls and reasoning run over every registered format
+(gateway/text/formats), each writing its own samples (`render_call`, its think markers).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ from gateway.text.assistant import (
     Turn,
     TurnParser,
     TurnSpec,
-    convert_param,
     finish_reason,
 )
+from gateway.text.formats import REASONING_FORMATS, TOOL_FORMATS, ReasoningFormat, ToolFormat
+from gateway.text.formats.qwen3_xml import convert_param
 
 WEATHER = {
     "type": "object",
@@ -44,23 +49,38 @@ def parse(spec: TurnSpec, text: str, step: int) -> tuple[Turn, list[Event]]:
 
 
 STEPS = [1, 2, 3, 7, 1000]
+# Every registered family: a new one runs these tests with its own samples.
+EACH_FORMAT = pytest.mark.parametrize("fmt", TOOL_FORMATS, ids=lambda f: f.name)
+EACH_THINK = pytest.mark.parametrize("think", REASONING_FORMATS, ids=lambda f: f.name)
 
 
+def test_the_samples_are_the_qwen_formats_as_written() -> None:
+    """The formats' samples for the Qwen families are the texts these tests were written with."""
+    hermes, xml = (next(f for f in TOOL_FORMATS if f.name == n) for n in ("hermes", "qwen3_xml"))
+    assert hermes.render_call("get_weather", {"city": "Paris", "days": 2}) == JSON_CALL
+    assert xml.render_call("get_weather", {"city": "Paris", "days": 3, "metric": True}) == XML_CALL
+
+
+@EACH_THINK
 @pytest.mark.parametrize("step", STEPS)
-def test_a_think_block_is_reasoning_and_the_rest_the_answer(step: int) -> None:
-    turn, _ = parse(TurnSpec(reasoning="maybe"), "<think>\nLet me think.\nDone.\n</think>\n\nHello there!", step)
+def test_a_think_block_is_reasoning_and_the_rest_the_answer(think: ReasoningFormat, step: int) -> None:
+    text = f"{think.think_start}\nLet me think.\nDone.\n{think.think_end}\n\nHello there!"
+    turn, _ = parse(TurnSpec(reasoning="maybe", reasoning_format=think.name), text, step)
     assert (turn.reasoning, turn.content, turn.saw_reasoning) == ("Let me think.\nDone.", "Hello there!", True)
 
 
+@EACH_THINK
 @pytest.mark.parametrize("step", STEPS)
-def test_an_answer_without_a_think_block_is_all_content(step: int) -> None:
-    turn, _ = parse(TurnSpec(reasoning="maybe"), "  Just an <answer>, no thinking.", step)
+def test_an_answer_without_a_think_block_is_all_content(think: ReasoningFormat, step: int) -> None:
+    turn, _ = parse(TurnSpec(reasoning="maybe", reasoning_format=think.name), "  Just an <answer>, no thinking.", step)
     assert (turn.reasoning, turn.content, turn.saw_reasoning) == ("", "  Just an <answer>, no thinking.", False)
 
 
+@EACH_THINK
 @pytest.mark.parametrize("step", STEPS)
-def test_a_think_block_the_prompt_opened(step: int) -> None:
-    turn, _ = parse(TurnSpec(reasoning="open"), "thinking on\n</think>\n\nThe answer.", step)
+def test_a_think_block_the_prompt_opened(think: ReasoningFormat, step: int) -> None:
+    text = f"thinking on\n{think.think_end}\n\nThe answer."
+    turn, _ = parse(TurnSpec(reasoning="open", reasoning_format=think.name), text, step)
     assert (turn.reasoning, turn.content) == ("thinking on", "The answer.")
 
 
@@ -74,16 +94,36 @@ def test_thinking_off_leaves_tags_alone() -> None:
     assert turn.content == "<think>x</think>y" and all(isinstance(e, ContentDelta) for e in events)
 
 
+@EACH_FORMAT
 @pytest.mark.parametrize("step", STEPS)
-def test_json_tool_calls_after_thinking(step: int) -> None:
-    text = "<think>\nweather?\n</think>\n\n" + JSON_CALL + "\n" + JSON_CALL.replace("Paris", "Rome")
-    turn, _ = parse(TurnSpec(reasoning="maybe", tool_format="hermes", tools=TOOLS), text, step)
+def test_tool_calls_after_thinking(fmt: ToolFormat, step: int) -> None:
+    paris, rome = (fmt.render_call("get_weather", {"city": city, "days": 2}) for city in ("Paris", "Rome"))
+    text = "<think>\nweather?\n</think>\n\n" + paris + "\n" + rome
+    turn, _ = parse(TurnSpec(reasoning="maybe", tool_format=fmt.name, tools=TOOLS), text, step)
     assert turn.reasoning == "weather?" and turn.content == ""
     assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
         ("get_weather", {"city": "Paris", "days": 2}),
         ("get_weather", {"city": "Rome", "days": 2}),
     ]
     assert len({c.id for c in turn.tool_calls}) == 2 and all(c.id.startswith("call_") for c in turn.tool_calls)
+
+
+@EACH_FORMAT
+@pytest.mark.parametrize("step", STEPS)
+def test_tool_call_arguments_arrive_whole_and_typed(fmt: ToolFormat, step: int) -> None:
+    want = {"city": "Paris", "days": 3, "metric": True}
+    block = fmt.render_call("get_weather", want)
+    turn, events = parse(TurnSpec(tool_format=fmt.name, tools=TOOLS), "Let me look.\n\n" + block, step)
+    assert turn.content == "Let me look."
+    (call,) = turn.tool_calls
+    assert call.name == "get_weather" and json.loads(call.arguments) == want
+    pieces = [e.delta for e in events if isinstance(e, ToolCallArgs)]
+    assert pieces and "".join(pieces) == call.arguments
+    (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
+    assert end.arguments == call.arguments
+    # Read whole, the block says the same.
+    body = block.removeprefix(fmt.call_start).removesuffix(fmt.call_end)
+    assert fmt.parse_call(body, TOOLS) == ("get_weather", call.arguments)
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -97,6 +137,17 @@ def test_xml_tool_call_arguments_follow_the_schema_types(step: int) -> None:
     assert len(pieces) == 4 and "".join(pieces) == call.arguments
     (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
     assert end.arguments == call.arguments
+
+
+@EACH_FORMAT
+@pytest.mark.parametrize("step", STEPS)
+def test_calls_that_are_not_calls_come_back_as_content(fmt: ToolFormat, step: int) -> None:
+    unknown = fmt.render_call("launch_rockets", {"city": "Paris", "days": 2})
+    garbage = fmt.call_start + "\nnot a function" + fmt.call_end
+    for text in (unknown, garbage, "Hi " + unknown + " bye", "Hi " + garbage + " bye"):
+        turn, _ = parse(TurnSpec(tool_format=fmt.name, tools=TOOLS), text, step)
+        assert turn.tool_calls == [] and turn.content == text
+    assert fmt.parse_call("\nnot a function") is None
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -121,8 +172,10 @@ def test_a_call_cut_off_before_its_closing_tag_is_kept_when_whole() -> None:
     assert [json.loads(c.arguments) for c in turn.tool_calls] == [{"city": "Paris"}]
 
 
-def test_a_tool_call_inside_the_think_block_ends_it() -> None:
-    turn, _ = parse(TurnSpec(reasoning="open", tool_format="hermes", tools=TOOLS), "hmm\n" + JSON_CALL, 3)
+@EACH_FORMAT
+def test_a_tool_call_inside_the_think_block_ends_it(fmt: ToolFormat) -> None:
+    call = fmt.render_call("get_weather", {"city": "Paris", "days": 2})
+    turn, _ = parse(TurnSpec(reasoning="open", tool_format=fmt.name, tools=TOOLS), "hmm\n" + call, 3)
     assert turn.reasoning == "hmm" and [c.name for c in turn.tool_calls] == ["get_weather"]
 
 
