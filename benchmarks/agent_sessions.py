@@ -40,7 +40,7 @@ it); the usage is read from the stream's events. Per request (the table's column
 - reusable (sparkgate): the longest common token prefix of this normalized prompt and the
   previous one, in whole blocks, never the last token. The normalized prompts are rendered
   here by the gateway's own code (the surface's translation, then gateway/lifecycle/prepare.py
-  `_render` under the model's prefix policy), checked against the prompt tokens the gateway
+  `chat_prompt` under the model's prefix policy), checked against the prompt tokens the gateway
   counted;
 - cached: the prompt tokens served from the prefix cache (Anthropic: cache_read_input_tokens;
   Responses: usage.input_tokens_details.cached_tokens);
@@ -450,11 +450,7 @@ class Normalizer:
         else:
             chat = responses_input.translate(responses_schemas.parse(raw)).chat
         principal = SimpleNamespace(limits=SimpleNamespace(normalize_prompts=None))
-        policy = prepare._prefix_policy(self.served, principal)  # type: ignore[arg-type]
-        tools = [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None
-        messages = prepare._messages_for_template(chat.messages)
-        prompt, _ = prepare._render(self.served, messages, tools, prepare._template_kwargs(chat), policy)  # type: ignore[arg-type]
-        return prompt.token_ids
+        return prepare.chat_prompt(self.served, chat, principal).token_ids  # type: ignore[arg-type]
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -322,13 +322,26 @@ async def _render_for(
     policy: prefix.PrefixPolicy | None,
 ) -> tuple[tokens.Prompt, tuple[str, ...]]:
     try:
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tools = _tools_for_template(req)
         if tools is None and sum(len(m["content"]) for m in messages) <= INLINE_CHARS:
             return _render(served, messages, tools, _template_kwargs(req), policy)
         # Tokenizing a long prompt takes milliseconds: keep the event loop free.
         return await asyncio.to_thread(_render, served, messages, tools, _template_kwargs(req), policy)
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
+
+
+def _tools_for_template(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+
+
+def chat_prompt(served: ServedModel, req: ChatCompletionRequest, principal: Principal) -> tokens.Prompt:
+    """The prompt `prepare_chat` sends `served` for this request: normalized under the model's
+    (and the key's) prefix policy, rendered, tokenized. Synchronous, for benchmarks and tools."""
+    policy = _prefix_policy(served, principal)
+    messages = _messages_for_template(req.messages)
+    prompt, _ = _render(served, messages, _tools_for_template(req), _template_kwargs(req), policy)
+    return prompt
 
 
 def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
