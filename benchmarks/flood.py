@@ -231,7 +231,7 @@ def pct(xs: list[float], p: float) -> float:
 def report(results: dict[str, dict[str, Phase]], n_light: int, heavy_s: float, rounds: int, think_s: float) -> str:
     out = ["## Flood: a light user's TTFT alone vs. beside a flood, fair share off and on", ""]
     out.append(
-        f"config/default.yaml (tiny-qwen3 dense, random weights, max_num_seqs 8, 64 MiB KV, 16 in flight per key). "
+        f"config/default.yaml (tiny-qwen3 dense, random weights, max_num_seqs 8, 128 MiB KV, 16 in flight per key). "
         f"Heavy user: {FLOOD} streams in flight, {HEAVY_PROMPT} prompt + {HEAVY_MAX_TOKENS} output tokens "
         f"(ignore_eos), a 429 retried after its Retry-After. Light user: {n_light} streams one at a time "
         f"({rounds} rounds of alone then beside{f', {think_s:g} s apart' if think_s else ''}), "
