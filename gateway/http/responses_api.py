@@ -74,7 +74,6 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
         summary=req.reasoning is not None and req.reasoning.summary is not None,
         tools=translated.tools,
         encrypted=req.encrypted_reasoning,
-        parallel=req.parallel_tool_calls,
     )
     return await answer(job, state, request, Surface(encoder.complete, encoder.stream))
 

@@ -18,7 +18,7 @@ events become output items, one open at a time:
 With `include: ["reasoning.encrypted_content"]` a reasoning item also carries
 `encrypted_content`: the reasoning text in base64 (a stateless client such as Codex sends it
 back, and responses_input.py reads it as the reasoning). With `parallel_tool_calls: false`
-only a turn's first call is kept, as vLLM's server does it.
+the parser keeps only a turn's first call (`TurnSpec.parallel`), as vLLM's server does it.
 
 Streamed, per item: `response.output_item.added`, then for text items
 `response.content_part.added`, the deltas (`response.output_text.delta` /
@@ -54,7 +54,6 @@ from gateway.text.assistant import (
     Event,
     ReasoningDelta,
     ToolCallArgs,
-    ToolCallEnd,
     ToolCallStart,
     TurnParser,
 )
@@ -185,22 +184,16 @@ class OutputItems:
         summary: bool = False,
         tools: Mapping[str, ToolRef] | None = None,
         encrypted: bool = False,
-        parallel: bool = True,
     ) -> None:
         self.output: list[dict[str, Any]] = []
         self.summary = summary  # reasoning as its summary too
         self.tools = tools or {}  # the chat tool names that stand for custom or namespaced tools
         self.encrypted = encrypted  # reasoning items carry encrypted_content
-        self.parallel = parallel  # False: a turn's first call only
         self._open: _Open | None = None
-        self._calls = 0
-        self._dropped: set[int] = set()  # calls left out (parallel_tool_calls: false)
 
     def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for e in events:
-            if isinstance(e, ToolCallStart | ToolCallArgs | ToolCallEnd) and e.index in self._dropped:
-                continue
             if isinstance(e, ReasoningDelta | ContentDelta):
                 if not e.text:
                     continue
@@ -216,10 +209,6 @@ class OutputItems:
                         summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
                         out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": e.text})
             elif isinstance(e, ToolCallStart):
-                if not self.parallel and self._calls:
-                    self._dropped.add(e.index)
-                    continue
-                self._calls += 1
                 self._close(out, "completed")
                 out.append(self._start_call(e))
             elif isinstance(e, ToolCallArgs):
@@ -353,10 +342,9 @@ class ResponseEncoder:
     summary: bool = False  # reasoning.summary was asked for: the reasoning is its summary too
     tools: Mapping[str, ToolRef] = field(default_factory=dict)  # chat tool name -> the client's tool
     encrypted: bool = False  # include: reasoning.encrypted_content
-    parallel: bool = True  # parallel_tool_calls
 
     def _items(self) -> OutputItems:
-        return OutputItems(summary=self.summary, tools=self.tools, encrypted=self.encrypted, parallel=self.parallel)
+        return OutputItems(summary=self.summary, tools=self.tools, encrypted=self.encrypted)
 
     def body(
         self,

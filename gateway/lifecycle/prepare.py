@@ -151,6 +151,7 @@ def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt
         forced=forced,
         forced_name=req.forced_function,
         think_end_id=formats.think_end_id,
+        parallel=req.parallel_tool_calls is not False,
     )
 
 

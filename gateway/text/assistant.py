@@ -94,6 +94,7 @@ class TurnSpec:
     forced_name: str | None = None  # the function a named tool choice forces
     # A named forced call whose output is the raw text of this one string parameter (not JSON).
     forced_text: str | None = None
+    parallel: bool = True  # False (parallel_tool_calls: false): a turn's first call only, as vLLM
     think_end_id: int | None = None  # the </think> token, to count reasoning tokens
 
     def __post_init__(self) -> None:
@@ -162,7 +163,7 @@ class TurnParser:
 
     @property
     def calls(self) -> int:
-        return self._calls
+        return self._calls if self.spec.parallel else min(self._calls, 1)
 
     def _answer_state(self) -> _State:
         return _State.FORCED if self.spec.forced is not None else _State.CONTENT
@@ -176,7 +177,7 @@ class TurnParser:
         self._buf += text
         out: list[Event] = []
         self._run(out, final=False)
-        return out
+        return self._first_call_only(out)
 
     def finish(self) -> list[Event]:
         """Whatever is held back, and the open call closed as well as it can be."""
@@ -196,7 +197,13 @@ class TurnParser:
         elif self._state == _State.CONTENT and self._buf:
             self._content(out, self._buf, final=True)
         self._buf = ""
-        return out
+        return self._first_call_only(out)
+
+    def _first_call_only(self, events: list[Event]) -> list[Event]:
+        """Without parallel calls, the events of every call after the turn's first are dropped."""
+        if self.spec.parallel:
+            return events
+        return [e for e in events if not (isinstance(e, ToolCallStart | ToolCallArgs | ToolCallEnd) and e.index > 0)]
 
     def _count(self, token_ids: Sequence[int]) -> None:
         """Reasoning tokens: those up to and including </think> (the engine's ids, not text)."""

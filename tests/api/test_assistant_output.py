@@ -128,6 +128,14 @@ def test_parallel_calls_and_calls_after_thinking(client: openai.OpenAI) -> None:
     assert [c["name"] for c in got["calls"].values()] == ["get_weather"] and got["finish"] == ["tool_calls"]
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(client: openai.OpenAI) -> None:
+    kw: Any = {"model": REPLAY, "messages": ask("parallel"), "tools": [WEATHER], "parallel_tool_calls": False}
+    (call,) = client.chat.completions.create(**kw).choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    got = collect(client.chat.completions.create(stream=True, **kw))
+    assert sorted(got["calls"]) == [0] and got["finish"] == ["tool_calls"]
+
+
 def test_a_malformed_call_comes_back_as_content(client: openai.OpenAI) -> None:
     for stream in (False, True):
         r = client.chat.completions.create(

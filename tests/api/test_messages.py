@@ -143,6 +143,15 @@ def test_tool_choice_none_reads_no_calls_and_forcing_a_server_tool_is_refused(cl
     assert e.value.body["error"]["type"] == "invalid_request_error" and "web_search" in e.value.message  # type: ignore[index]
 
 
+def test_disable_parallel_tool_use_keeps_the_first_call(client: anthropic.Anthropic) -> None:
+    kw: Any = {"model": REPLAY, "max_tokens": 300, "messages": ask("parallel"), "tools": [WEATHER]}
+    both = client.messages.create(**kw)
+    assert [b.input for b in both.content if b.type == "tool_use"] == [{"city": "Paris"}, {"city": "Rome"}]
+    one = client.messages.create(tool_choice={"type": "auto", "disable_parallel_tool_use": True}, **kw)
+    assert [b.input for b in one.content if b.type == "tool_use"] == [{"city": "Paris"}]
+    assert one.stop_reason == "tool_use"
+
+
 def test_count_tokens_is_the_input_the_same_request_is_billed(client: anthropic.Anthropic) -> None:
     system = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cch=1a2b3;\nYou are a coding agent."
     kw: Any = {"model": REPLAY, "system": system, "messages": ask("call"), "tools": [WEATHER]}

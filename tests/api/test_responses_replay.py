@@ -84,6 +84,11 @@ def test_function_calls_streamed(client: openai.OpenAI) -> None:
     with client.responses.stream(model=REPLAY, input=ask("parallel"), tools=[WEATHER]) as stream:
         final = stream.get_final_response()
     assert [json.loads(c.arguments)["city"] for c in final.output if c.type == "function_call"] == ["Paris", "Rome"]
+    with client.responses.stream(
+        model=REPLAY, input=ask("parallel"), tools=[WEATHER], parallel_tool_calls=False
+    ) as stream:
+        final = stream.get_final_response()
+    assert [json.loads(c.arguments)["city"] for c in final.output if c.type == "function_call"] == ["Paris"]
 
 
 def test_xml_calls_streamed_parameter_by_parameter(client: openai.OpenAI) -> None:

@@ -96,6 +96,25 @@ def test_thinking_off_leaves_tags_alone() -> None:
 
 @EACH_FORMAT
 @pytest.mark.parametrize("step", STEPS)
+def test_without_parallel_calls_a_turn_keeps_its_first(fmt: ToolFormat, step: int) -> None:
+    paris, rome = (fmt.render_call("get_weather", {"city": city, "days": 2}) for city in ("Paris", "Rome"))
+    spec = TurnSpec(tool_format=fmt.name, tools=TOOLS, parallel=False)
+    parser = TurnParser(spec)
+    text = paris + "\n" + rome
+    events: list[Event] = []
+    for i in range(0, len(text), step):
+        events += parser.feed(text[i : i + step])
+    events += parser.finish()
+    turn = Turn()
+    turn.apply(events)
+    (call,) = turn.tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris", "days": 2})
+    assert parser.calls == 1 and turn.content == ""
+    assert all(e.index == 0 for e in events if isinstance(e, ToolCallStart | ToolCallArgs | ToolCallEnd))
+
+
+@EACH_FORMAT
+@pytest.mark.parametrize("step", STEPS)
 def test_tool_calls_after_thinking(fmt: ToolFormat, step: int) -> None:
     paris, rome = (fmt.render_call("get_weather", {"city": city, "days": 2}) for city in ("Paris", "Rome"))
     text = "<think>\nweather?\n</think>\n\n" + paris + "\n" + rome

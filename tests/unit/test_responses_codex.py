@@ -436,25 +436,6 @@ def test_input_so_far_and_at_the_end() -> None:
     assert custom_input("not json") == "not json" and custom_input('{"a": 1}') == '{"a": 1}'
 
 
-def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
-    items = OutputItems(tools=REFS, parallel=False)
-    events = items.apply(
-        [
-            ToolCallStart(0, "call_a", "exec_command"),
-            ToolCallEnd(0, "{}"),
-            ToolCallStart(1, "call_b", "exec_command"),
-            ToolCallArgs(1, "{}"),
-            ToolCallEnd(1, "{}"),
-        ]
-    )
-    assert [i["call_id"] for i in items.output] == ["call_a"]
-    assert not any(e.get("item", {}).get("call_id") == "call_b" for e in events)
-    items = OutputItems(tools=REFS)
-    items.apply([ToolCallStart(0, "a", "exec_command"), ToolCallEnd(0, "{}")])
-    items.apply([ToolCallStart(1, "b", "exec_command"), ToolCallEnd(1, "{}")])
-    assert len(items.output) == 2
-
-
 def test_reasoning_travels_in_encrypted_content() -> None:
     items = OutputItems(encrypted=True, summary=True)
     events = items.apply([ReasoningDelta("think "), ReasoningDelta("hard"), ContentDelta("ok")])
