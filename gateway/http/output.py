@@ -1,6 +1,6 @@
 """A job's engine output as OpenAI answers: one JSON body, or server-sent events.
 
-Streams: `data: {chunk}\\n\\n` lines, a usage-only final chunk when
+Streams: `data: {chunk}\\n\\n` lines, one choice per chunk, a usage-only final chunk when
 `stream_options.include_usage` is set, then `data: [DONE]`. An error after
 the stream started is sent as an `error` event (the status line is gone).
 """
@@ -228,8 +228,9 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                             "finish_reason": c.finish_reason,
                         }
                     )
-            if out:
-                frames.append(frame(out))
+            # One choice per chunk, as OpenAI and vLLM send them: a client that reads
+            # `choices[0]` of each chunk sees every choice's text and finish reason.
+            frames += [frame([entry]) for entry in out]
             unfinished -= chunk.finished
             if unfinished > 0:
                 if frames:

@@ -201,3 +201,29 @@ def test_past_reasoning_is_accepted_back(replay_server: Server) -> None:
         timeout=60,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == recordings.ANSWER
+
+
+def test_n_choices_stream_one_choice_per_chunk(client: openai.OpenAI) -> None:
+    """A client that reads `choices[0]` of each chunk (as vLLM's own tests do) sees every
+    choice's whole text and its finish reason: OpenAI and vLLM send one choice per chunk."""
+    kw: Any = {"model": REPLAY, "n": 3, "stream": True, "stream_options": {"include_usage": True}}
+    chat = list(client.chat.completions.create(messages=ask("answer"), **kw))
+    texts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    for chunk in chat:
+        assert len(chunk.choices) <= 1
+        if chunk.choices:
+            c = chunk.choices[0]
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert texts == dict.fromkeys(range(3), recordings.ANSWER) and finishes == dict.fromkeys(range(3), "stop")
+    assert chat[-1].usage is not None and chat[-1].usage.completion_tokens > 0
+    completion = list(client.completions.create(prompt=f"Say it. {tag('answer')}", max_tokens=64, **kw))
+    texts, finishes = {}, {}
+    for chunk in completion:
+        assert len(chunk.choices) <= 1
+        if chunk.choices:
+            c = chunk.choices[0]
+            texts[c.index] = texts.get(c.index, "") + c.text
+            finishes[c.index] = c.finish_reason or finishes.get(c.index)
+    assert texts == dict.fromkeys(range(3), recordings.ANSWER) and finishes == dict.fromkeys(range(3), "stop")
