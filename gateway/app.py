@@ -35,7 +35,7 @@ from gateway.http import (
 from gateway.http import metrics as metrics_http
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
-from gateway.registry import ModelRegistry, ServedModel
+from gateway.registry import ModelRegistry, ServedModel, config_vocab_size
 from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, EngineStart, ModelSettings, Settings
 from gateway.state import AppState, Counters
@@ -247,7 +247,10 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
                 tokenizer = await asyncio.to_thread(fast_tokenizer.wrap, engine.tokenizer, tokenizer_cache)
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
                 log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
-                served.append(ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats))
+                vocab = config_vocab_size(settings.model_path(model))
+                served.append(
+                    ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats, vocab_size=vocab)
+                )
             app.state.sparkgate = state = AppState(
                 settings=settings,
                 registry=ModelRegistry(served),

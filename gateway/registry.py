@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine_adapter.base import Engine
@@ -18,15 +20,34 @@ class ServedModel:
     engine: Engine
     tokenizer: Any  # policies.tokens.ChatTokenizer
     formats: OutputFormats = field(default_factory=OutputFormats)  # how it writes tool calls, reasoning
+    # Token ids the model's embedding has (config.json's vocab_size: Qwen pads it past the
+    # tokenizer's 151,669 to 151,936); logit_bias and stop_token_ids may name any of them.
+    vocab_size: int | None = None
 
     @property
     def name(self) -> str:
         return self.settings.name
 
     @property
+    def token_ids(self) -> int:
+        """How many token ids a request may name: the model's vocabulary, else the tokenizer's."""
+        return self.vocab_size or len(self.tokenizer)
+
+    @property
     def tokenizer_id(self) -> str:
         """Models with the same id count tokens alike (a prompt rendered for one fits the other)."""
         return self.settings.tokenizer or self.settings.path
+
+
+def config_vocab_size(model_dir: Path) -> int | None:
+    """`vocab_size` from a model directory's config.json (a multimodal model's text config's),
+    None where there is none (a tokenizer-only directory, an engine on another box)."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
 
 
 class ModelRegistry:

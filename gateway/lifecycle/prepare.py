@@ -248,20 +248,22 @@ def _check_common(req: SamplingFields, limits: LimitSettings) -> None:
 
 
 def _check_vocabulary(req: SamplingFields, served: ServedModel) -> None:
-    """Token ids the client gives must be the model's (an engine given others fails or crashes)."""
-    vocab = len(served.tokenizer)
-    for key in req.logit_bias or ():
-        if int(key) >= vocab:
-            raise InvalidRequest(
-                f"Invalid key in 'logit_bias': {key} is not a token id of this model (0..{vocab - 1}).",
-                param="logit_bias",
-            )
-    for i, t in enumerate(req.stop_token_ids or ()):
-        if t >= vocab:
-            raise InvalidRequest(
-                f"Invalid 'stop_token_ids[{i}]': {t} is not a token id of this model (0..{vocab - 1}).",
-                param=f"stop_token_ids[{i}]",
-            )
+    """Token ids the client gives must be the model's (an engine given others fails or crashes);
+    a 400 names every one that is not."""
+    vocab = served.token_ids
+    bad = [key for key in req.logit_bias or () if int(key) >= vocab]
+    if bad:
+        raise InvalidRequest(
+            f"Invalid keys in 'logit_bias': {', '.join(bad)} are not token ids of this model (0..{vocab - 1}).",
+            param="logit_bias",
+        )
+    bad_stops = [(i, t) for i, t in enumerate(req.stop_token_ids or ()) if t >= vocab]
+    if bad_stops:
+        listed = ", ".join(f"stop_token_ids[{i}] = {t}" for i, t in bad_stops)
+        raise InvalidRequest(
+            f"Invalid 'stop_token_ids': {listed} not token ids of this model (0..{vocab - 1}).",
+            param=f"stop_token_ids[{bad_stops[0][0]}]",
+        )
     if req.top_k is not None and req.top_k > vocab:
         req.top_k = vocab  # the same sampling; vLLM keeps top_k in 32 bits, per token of the vocabulary
 

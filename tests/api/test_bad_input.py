@@ -230,3 +230,31 @@ def test_lenient_content_types_are_still_read_as_json(gateway: Server) -> None:
     for kind in (None, "application/x-www-form-urlencoded", "application/json; charset=utf-8"):
         r = post(gateway, body(), kind)
         assert r.status_code == 200, (kind, r.text)
+
+
+def test_token_ids_reach_the_model_s_whole_vocabulary_and_every_bad_one_is_named(
+    gateway: Server, sdk: openai.OpenAI
+) -> None:
+    """Qwen's embedding has 151,936 rows (config.json's vocab_size), past the tokenizer's 151,669:
+    vLLM accepts ids up to it, and so does the gateway; a 400 lists every id beyond it."""
+    padded = {"logit_bias": {"151669": 1, "151935": -1}, "stop_token_ids": [151700, 151935]}
+    r = sdk.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, extra_body=padded)  # type: ignore[arg-type]
+    assert r.choices[0].finish_reason in ("stop", "length")
+    bias: Any = {"logit_bias": {"5": 1, "151936": 1, "200000": 1}}
+    assert_refused(
+        gateway,
+        lambda: sdk.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, extra_body=bias),  # type: ignore[arg-type]
+        400,
+        "invalid_value",
+        "logit_bias",
+        message_has="151936, 200000 are not token ids of this model (0..151935)",
+    )
+    stops: Any = {"stop_token_ids": [5, 151936, 160000]}
+    assert_refused(
+        gateway,
+        lambda: sdk.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, extra_body=stops),  # type: ignore[arg-type]
+        400,
+        "invalid_value",
+        "stop_token_ids[1]",
+        message_has="stop_token_ids[1] = 151936, stop_token_ids[2] = 160000",
+    )
