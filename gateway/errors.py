@@ -492,8 +492,10 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return answer(request, RouteNotFound("Unknown request URL. Please check the URL and method."))
-        if exc.status_code == 405:
-            return answer(request, MethodNotAllowed("Method not allowed for this URL."))
+        if exc.status_code == 405:  # with the route's `Allow` (RFC 9110 requires it)
+            return answer(
+                request, MethodNotAllowed("Method not allowed for this URL.", headers=dict(exc.headers or {}))
+            )
         err = InvalidRequest(str(exc.detail), code=None)
         err.status = exc.status_code  # type: ignore[misc]
         return answer(request, err)

@@ -12,6 +12,9 @@ from typing import Any
 from engine_adapter.base import ChoiceDelta, TokenLogprob
 from gateway.text.assistant import Turn
 
+# OpenAI's spec has a string here (what backend served it); clients that check types reject null.
+SYSTEM_FINGERPRINT = "fp_sparkgate"
+
 
 def _bytes(token: str) -> list[int]:
     return list(token.encode("utf-8", errors="replace"))
@@ -149,7 +152,7 @@ def chat_completion(
             for c, turn, finish in choices
         ],
         "usage": usage.body(),
-        "system_fingerprint": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
     }
 
 
@@ -171,7 +174,7 @@ def envelope(
         "created": created,
         "model": model,
         "choices": choices,
-        "system_fingerprint": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
     }
     if usage is not None:
         body["usage"] = usage.body()

@@ -301,7 +301,7 @@ class ResponsesRequest(_Request):
     include: list[str] | None = None
     prompt_cache_key: str | None = None
     client_metadata: FreeJson | None = None
-    service_tier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     background: bool = False
     conversation: Any = None
 

@@ -164,6 +164,8 @@ class SamplingFields(_Request):
     # Keys are token ids (strings in JSON); whether they are in the vocabulary is checked in prepare.
     logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
+    # OpenAI's tiers: named, an unknown one is a 400; there is one tier here, whichever is asked.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # vLLM extensions, accepted by its OpenAI server too.
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
