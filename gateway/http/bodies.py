@@ -56,7 +56,12 @@ class CompletionLogprobs:
                 self.top_logprobs.append(None)
             else:
                 self.token_logprobs.append(lp.logprob)
-                self.top_logprobs.append({t: v for _, t, v in lp.top[: self.top_k]})
+                # The sampled token first, then the top k (as vLLM answers: `logprobs: 0` gives
+                # the sampled token alone, and one outside the top k makes k + 1 entries).
+                top = {text: lp.logprob}
+                for _, t, v in lp.top[: self.top_k]:
+                    top.setdefault(t, v)
+                self.top_logprobs.append(top)
 
     def body(self) -> dict[str, Any]:
         return {

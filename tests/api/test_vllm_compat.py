@@ -53,3 +53,10 @@ def test_a_method_the_url_does_not_take_is_405_with_allow(replay_server: Server)
         r = httpx.request(method, f"{replay_server.api}/chat/completions", headers=AUTH, timeout=30)
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_completion_logprobs_zero_carry_the_sampled_token(client: openai.OpenAI) -> None:
+    r = client.completions.create(model=REPLAY, prompt="hi", max_tokens=6, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.top_logprobs is not None
+    assert [list(top or {}) for top in lp.top_logprobs] == [[t] for t in lp.tokens]

@@ -17,6 +17,16 @@ def test_completion_logprobs_offsets_run_across_chunks() -> None:
     assert second["text_offset"] == [3] and second["tokens"] == ["cd"]
 
 
+def test_completion_top_logprobs_carry_the_sampled_token() -> None:
+    zero = CompletionLogprobs(top_k=0)
+    zero.add([lp(" b", -1.0)], [" b"])
+    assert zero.body()["top_logprobs"] == [{" b": -1.0}]
+    off_top = TokenLogprob(token_id=3, token=" z", logprob=-5.0, top=((1, " a", -0.5), (2, " c", -1.5)))
+    two = CompletionLogprobs(top_k=2)
+    two.add([off_top], [" z"])
+    assert two.body()["top_logprobs"] == [{" z": -5.0, " a": -0.5, " c": -1.5}]
+
+
 def test_choice_state_accumulates() -> None:
     s = ChoiceState(index=0)
     s.add(ChoiceDelta(index=0, text="ab", token_ids=(1, 2)))
