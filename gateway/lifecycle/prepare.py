@@ -119,18 +119,44 @@ def _forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
         return tools[forced] or {"type": "object"}
     if req.tool_choice != "required":
         return None
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": params or {"type": "object"}},
-            "required": ["name", "parameters"],
-        }
-        for name, params in tools.items()
-    ]
+    calls = []
+    defs: dict[str, Any] = {}
+    for name, params in tools.items():
+        parameters, own = _hoisted_defs(name, dict(params or {"type": "object"}))
+        defs |= own
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if defs:
+        schema["$defs"] = defs
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1
     return schema
+
+
+def _hoisted_defs(tool: str, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A tool's parameters nested in the "required" grammar, and its `$defs` (or `definitions`,
+    as pydantic writes them) moved to the grammar's root: a `$ref` like `#/$defs/City` points at
+    the root of the whole schema, where the tool's own defs no longer are. Each is renamed
+    `{tool}.{name}` (two tools may both have a `City`) and its refs rewritten."""
+    own = {**params.pop("definitions", {}), **params.pop("$defs", {})}
+    if not own:
+        return params, {}
+    renamed = {f"#/{kind}/{name}": f"#/$defs/{tool}.{name}" for kind in ("$defs", "definitions") for name in own}
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: renamed.get(v, v) if k == "$ref" else rewrite(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rewrite(v) for v in value]
+        return value
+
+    return rewrite(params), {f"{tool}.{name}": rewrite(d) for name, d in own.items()}
 
 
 def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt) -> TurnSpec:

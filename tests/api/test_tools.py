@@ -213,3 +213,51 @@ def test_langchain_structured_output_and_tools(server: Server) -> None:
     forced = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("What is the weather in Paris?")
     (call,) = forced.tool_calls
     assert call["name"] == "get_weather" and set(call["args"]) == {"city"}
+
+
+# What pydantic generates for nested models: `$ref`s into the parameters' own `$defs`.
+PYDANTIC_WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "$defs": {
+                "City": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "maxLength": 12}},
+                    "required": ["name"],
+                    "additionalProperties": False,
+                },
+            },
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_refs_into_the_tool_s_own_defs(client: openai.OpenAI, stream: bool) -> None:
+    kw: Any = {
+        "model": DENSE,
+        "messages": ASK,
+        "tools": [PYDANTIC_WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 96,
+        "seed": 5,
+    }
+    if stream:
+        arguments, names = "", ""
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for choice in chunk.choices:
+                for d in choice.delta.tool_calls or []:
+                    names += (d.function and d.function.name) or ""
+                    arguments += (d.function and d.function.arguments) or ""
+    else:
+        (call,) = client.chat.completions.create(**kw).choices[0].message.tool_calls or []
+        names, arguments = call.function.name, call.function.arguments  # type: ignore[union-attr]
+    args = json.loads(arguments)
+    assert names == "get_weather" and set(args) == {"city"} and set(args["city"]) == {"name"}
+    assert isinstance(args["city"]["name"], str)
