@@ -229,7 +229,10 @@ def test_structured_output_and_logprobs_cross_the_wire(gateway: Server) -> None:
     done = client(gateway).completions.create(model=MODEL, prompt=[9707, 11, 1879], max_tokens=4, logprobs=2)
     lp = done.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and len(lp.tokens) == 4
-    assert lp.top_logprobs is not None and all(len(t) == 2 for t in lp.top_logprobs)
+    # As vLLM answers: the sampled token first, then the top 2 (3 entries when it is not among them).
+    assert lp.top_logprobs is not None and len(lp.top_logprobs) == 4
+    for token, top in zip(lp.tokens, lp.top_logprobs, strict=True):
+        assert top is not None and next(iter(top)) == token and len(top) in (2, 3)
 
 
 def test_admission_counts_against_the_share_of_the_servers_pool(gateway: Server, vllm: VllmServer) -> None:
