@@ -23,14 +23,15 @@ tool's own grammar, if any) is that parameter's text as written: its arguments a
 
 Malformed tool-call text (not JSON, an unknown function) comes back as plain content.
 Streaming: a JSON call is sent when its block closes (it is checked first); an XML call
-is sent parameter by parameter; a named forced call token by token.
+is sent parameter by parameter; a forced call when its JSON closes (one the token limit cuts
+is never sent: its text is the answer, finish "length"); a freeform call token by token.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any, Literal
@@ -346,23 +347,22 @@ class TurnParser:
     # --- forced tool choice: the answer is JSON under a grammar ---
 
     def _forced(self, out: list[Event]) -> None:
-        if self.spec.forced == "named":
-            text = self.spec.forced_text
+        if self.spec.forced != "named":
+            self._scan_required(out)
+        elif self.spec.forced_text is None:
+            self._scan_named(out)
+        else:  # a freeform call: its text streams as the JSON string's body
             if self._calls == 0:
-                if text is None:
-                    self._buf = self._buf.lstrip()
-                elif self._strip_newlines:  # right after </think>: markup, as before an answer
+                if self._strip_newlines:  # right after </think>: markup, as before an answer
                     self._buf = self._buf.lstrip("\n")
                 if not self._buf:
                     return
                 self._start_forced(out)
             if self._buf:
-                piece = self._buf if text is None else json.dumps(self._buf, ensure_ascii=False)[1:-1]
+                piece = json.dumps(self._buf, ensure_ascii=False)[1:-1]
                 self._args += piece
                 out.append(ToolCallArgs(0, piece))
                 self._buf = ""
-            return
-        self._scan_required(out)
 
     def _start_forced(self, out: list[Event]) -> None:
         assert self.spec.forced_name is not None
@@ -372,13 +372,11 @@ class TurnParser:
             self._args = "{" + json.dumps(self.spec.forced_text) + ': "'
             out.append(ToolCallArgs(0, self._args))
 
-    def _scan_required(self, out: list[Event]) -> None:
-        """Walk the JSON array; each element that closes becomes a call."""
-        i = len(self._args)
-        self._args += self._buf
-        self._buf = ""
+    def _brackets(self, start: int) -> Iterator[tuple[int, str]]:
+        """The brackets of the JSON in `_args` from `start` on, outside strings, each with
+        `_depth` already updated for it."""
         text = self._args
-        while i < len(text):
+        for i in range(start, len(text)):
             ch = text[i]
             if self._in_string:
                 if self._escaped:
@@ -390,15 +388,40 @@ class TurnParser:
             elif ch == '"':
                 self._in_string = True
             elif ch in "[{":
-                if self._depth == 1 and ch == "{":
-                    self._element_start = i
                 self._depth += 1
+                yield i, ch
             elif ch in "]}":
                 self._depth -= 1
-                if self._depth == 1 and ch == "}" and self._element_start >= 0:
-                    self._required_element(out, text[self._element_start : i + 1])
-                    self._element_start = -1
-            i += 1
+                yield i, ch
+
+    def _scan_named(self, out: list[Event]) -> None:
+        """A named call's arguments object, held until it closes: a call the token limit cuts
+        is never sent with arguments no client can parse (it ends as text, finish "length")."""
+        if self._calls:  # the object has closed: the grammar lets nothing follow it
+            self._buf = ""
+            return
+        start = len(self._args)
+        self._args += self._buf
+        self._buf = ""
+        for i, _ in self._brackets(start):
+            if self._depth == 0:
+                arguments = self._args[: i + 1].strip()
+                self._start_forced(out)
+                self._args = arguments
+                out.append(ToolCallArgs(0, arguments))
+                return
+
+    def _scan_required(self, out: list[Event]) -> None:
+        """Walk the JSON array; each element that closes becomes a call."""
+        start = len(self._args)
+        self._args += self._buf
+        self._buf = ""
+        for i, ch in self._brackets(start):
+            if ch == "{" and self._depth == 2:
+                self._element_start = i
+            elif ch == "}" and self._depth == 1 and self._element_start >= 0:
+                self._required_element(out, self._args[self._element_start : i + 1])
+                self._element_start = -1
 
     def _required_element(self, out: list[Event], element: str) -> None:
         try:
@@ -414,16 +437,14 @@ class TurnParser:
         out.append(ToolCallEnd(index, arguments))
 
     def _finish_forced(self, out: list[Event]) -> None:
-        if self.spec.forced == "named":
-            if self.spec.forced_text is not None:  # a freeform call, even of no text
-                if not self._calls:
-                    self._start_forced(out)
-                self._args += '"}'
-                out.append(ToolCallArgs(0, '"}'))
-            if self._calls:
-                out.append(ToolCallEnd(0, self._args))
-            return
-        if self._calls == 0 and self._args.strip():  # cut short before one whole call
+        if self.spec.forced == "named" and self.spec.forced_text is not None:  # a freeform call, even of no text
+            if not self._calls:
+                self._start_forced(out)
+            self._args += '"}'
+            out.append(ToolCallArgs(0, '"}'))
+        if self.spec.forced == "named" and self._calls:
+            out.append(ToolCallEnd(0, self._args))
+        elif self._calls == 0 and self._args.strip():  # cut short before one whole call
             self._content(out, self._args, final=True)
 
 

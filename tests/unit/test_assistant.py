@@ -199,11 +199,23 @@ def test_a_tool_call_inside_the_think_block_ends_it(fmt: ToolFormat) -> None:
 
 
 @pytest.mark.parametrize("step", STEPS)
-def test_a_forced_named_call_streams_its_arguments(step: int) -> None:
+def test_a_forced_named_call_is_sent_when_its_object_closes(step: int) -> None:
     spec = TurnSpec(tools=TOOLS, forced="named", forced_name="get_weather")
-    turn, events = parse(spec, '{"city":"Oslo"}', step)
-    assert [(c.name, c.arguments) for c in turn.tool_calls] == [("get_weather", '{"city":"Oslo"}')]
-    assert isinstance(events[0], ToolCallStart) and sum(isinstance(e, ToolCallArgs) for e in events) >= 1
+    args = '{"city":"O}{\\"slo","n":[{}]}'
+    turn, events = parse(spec, " \n" + args, step)
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [("get_weather", args)]
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    pieces = [e for e in events if isinstance(e, ToolCallArgs)]
+    assert len(starts) == 1 and [p.delta for p in pieces] == [args]  # whole, once
+    assert isinstance(events[-1], ToolCallEnd)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_forced_named_call_cut_short_is_text_not_a_call(step: int) -> None:
+    spec = TurnSpec(tools=TOOLS, forced="named", forced_name="get_weather")
+    turn, events = parse(spec, '{"city":"Os', step)
+    assert turn.tool_calls == [] and turn.content == '{"city":"Os'
+    assert not any(isinstance(e, ToolCallStart | ToolCallArgs) for e in events)
 
 
 PATCH = '*** Begin Patch\n*** Add File: a.txt\n+say "hi" \\o/ ✓\n*** End Patch\n'
