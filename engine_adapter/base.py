@@ -40,8 +40,13 @@ class StructuredOutput:
     json_schema: dict[str, Any] | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
-    # A Lark grammar (vLLM takes it as `grammar`; xgrammar and guidance read Lark).
+    # A Lark or EBNF grammar (vLLM tells them apart; xgrammar reads both).
     grammar: str | None = None
+    structural_tag: str | None = None  # vLLM's structural tag, as JSON text
+    # Options of the constraint (vLLM's names).
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +73,12 @@ class SamplingOptions:
     logit_bias: dict[int, float] | None = None
     structured: StructuredOutput | None = None
     skip_special_tokens: bool = True
+
+
+def greedy(s: SamplingOptions) -> bool:
+    """Whether every choice is the likeliest tokens (vLLM's threshold): n such choices are one,
+    copied, as vLLM refuses n > 1 at temperature 0."""
+    return s.temperature < 1e-5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +112,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[int, str, float], ...] = ()  # (token_id, token, logprob), best first
+    rank: int | None = None  # the token's rank in the vocabulary (1 = the likeliest)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +256,12 @@ class Engine(Protocol):
     @property
     def tokenizer(self) -> Any:
         """The model's own tokenizer (Hugging Face interface), for the gateway."""
+        ...
+
+    def check(self, request: EngineRequest) -> None:
+        """Raise `EngineRequestInvalid` for parameters the engine would refuse (a grammar
+        that does not compile, sampling it cannot do), before the request is admitted and
+        its answer starts. Slow for a grammar (milliseconds): call it off the event loop."""
         ...
 
 

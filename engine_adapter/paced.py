@@ -63,6 +63,9 @@ class PacedEngine:
     def clock(self) -> float:
         return self.inner.clock()
 
+    def check(self, request: EngineRequest) -> None:
+        self.inner.check(request)
+
     @property
     def tokenizer(self) -> Any:
         return self.inner.tokenizer

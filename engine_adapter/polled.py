@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from engine_adapter.base import IDLE_STATS, EngineStats, EngineUnavailable, KVSpec
+from engine_adapter.base import IDLE_STATS, EngineRequest, EngineStats, EngineUnavailable, KVSpec
 
 
 class PolledEngine:
@@ -60,6 +60,10 @@ class PolledEngine:
         if self._tokenizer is None:
             raise EngineUnavailable(f"engine {self.name} is not started")
         return self._tokenizer
+
+    def check(self, request: EngineRequest) -> None:
+        """The engine in the other process checks the request as it starts it; its refusal
+        comes back as that request's error."""
 
     def clock(self) -> float:
         # The gateway's clock: latency as clients see it includes the hop to the other process.

@@ -168,6 +168,9 @@ class ReplayEngine:
             raise EngineUnavailable(f"engine {self.name} is not started")
         return self._tokenizer
 
+    def check(self, request: EngineRequest) -> None:
+        """Recorded answers honour no constraint or sampling: nothing to refuse up front."""
+
     def stats(self) -> EngineStats:
         if not self._running:
             return IDLE_STATS

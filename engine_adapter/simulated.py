@@ -181,6 +181,9 @@ class SimulatedEngine:
             raise EngineUnavailable(f"engine {self.name} is not started")
         return self._tokenizer
 
+    def check(self, request: EngineRequest) -> None:
+        """Simulated output honours no constraint or sampling: nothing to refuse up front."""
+
     def stats(self) -> EngineStats:
         sim = self._sim
         if sim is None:

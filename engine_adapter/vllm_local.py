@@ -32,6 +32,7 @@ from engine_adapter.base import (
     SamplingOptions,
     StatsCounter,
     TokenLogprob,
+    greedy,
 )
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def _convert_logprobs(entries: Any, sampled: list[int], k: int) -> tuple[TokenLo
                 token=(chosen.decoded_token or "") if chosen else "",
                 logprob=float(chosen.logprob) if chosen else float("-inf"),
                 top=top,
+                rank=chosen.rank if chosen else None,
             )
         )
     return tuple(result)
@@ -503,20 +505,28 @@ class VllmLocalEngine:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         structured = None
-        if s.structured is not None:
-            so = s.structured
+        if (so := s.structured) is not None:
+            constraint: dict[str, Any] = {}
             if so.json_object:
-                structured = StructuredOutputsParams(json_object=True)
+                constraint["json_object"] = True
             elif so.json_schema is not None:
-                structured = StructuredOutputsParams(json=so.json_schema)
+                constraint["json"] = so.json_schema
             elif so.regex is not None:
-                structured = StructuredOutputsParams(regex=so.regex)
+                constraint["regex"] = so.regex
             elif so.choice is not None:
-                structured = StructuredOutputsParams(choice=list(so.choice))
+                constraint["choice"] = list(so.choice)
             elif so.grammar is not None:
-                structured = StructuredOutputsParams(grammar=so.grammar)
+                constraint["grammar"] = so.grammar
+            elif so.structural_tag is not None:
+                constraint["structural_tag"] = so.structural_tag
+            structured = StructuredOutputsParams(
+                **constraint,
+                disable_any_whitespace=so.disable_any_whitespace,
+                disable_additional_properties=so.disable_additional_properties,
+                whitespace_pattern=so.whitespace_pattern,
+            )
         return SamplingParams(
-            n=s.n,
+            n=1 if greedy(s) else s.n,
             max_tokens=s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
@@ -539,6 +549,22 @@ class VllmLocalEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
+    def check(self, request: EngineRequest) -> None:
+        """vLLM's own checks of the parameters (`SamplingParams.verify`, which compiles a
+        structured-output constraint with the engine's backend), run before admission:
+        without them a bad regex or grammar would fail only once its stream had begun."""
+        llm = self._llm
+        if llm is None:
+            raise EngineUnavailable(f"engine {self.name} is not available")
+        try:
+            params = self._sampling_params(request.sampling)
+            config = llm.vllm_config
+            params.verify(
+                config.model_config, config.speculative_config, config.structured_outputs_config, llm.tokenizer
+            )
+        except Exception as e:  # vLLM's validation errors are ValueErrors; a compiler's may be anything
+            raise EngineRequestInvalid(str(e)) from e
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         llm = self._llm
         if llm is None or llm.errored:
@@ -550,6 +576,7 @@ class VllmLocalEngine:
         prompt = _engine_input(list(request.prompt_token_ids), request.cache_salt)
         k = request.sampling.logprobs or 0
         pk = request.sampling.prompt_logprobs or 0
+        copies = request.sampling.n if greedy(request.sampling) else 1
         finished = False
         stream = llm.generate(prompt, params, request.request_id, priority=request.priority)
         try:
@@ -560,16 +587,17 @@ class VllmLocalEngine:
                     lps = None
                     if request.sampling.logprobs is not None and o.logprobs is not None:
                         lps = _convert_logprobs(o.logprobs, list(token_ids), k)
-                    choices.append(
+                    choices += [
                         ChoiceDelta(
-                            index=o.index,
+                            index=o.index + copy,
                             text=o.text,
                             token_ids=token_ids,
                             logprobs=lps,
                             finish_reason=_finish_reason(o.finish_reason),
                             stop_reason=o.stop_reason,
                         )
-                    )
+                        for copy in range(copies)
+                    ]
                 prompt_lps = None
                 if request.sampling.prompt_logprobs is not None and out.prompt_logprobs:
                     prompt_lps = _convert_prompt_logprobs(out.prompt_logprobs, request.prompt_token_ids, pk)

@@ -46,6 +46,7 @@ from engine_adapter.base import (
     KVGroup,
     KVSpec,
     TokenLogprob,
+    greedy,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
 from engine_adapter.polled import PolledEngine
@@ -166,7 +167,7 @@ def completion_body(request: EngineRequest, model: str) -> dict[str, Any]:
         "model": model,
         "prompt": list(request.prompt_token_ids),
         "max_tokens": s.max_tokens,
-        "n": s.n,
+        "n": 1 if greedy(s) else s.n,  # n greedy choices are one, copied (`_Stream`)
         "temperature": s.temperature,
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k > 0 else -1,
@@ -204,6 +205,14 @@ def completion_body(request: EngineRequest, model: str) -> dict[str, Any]:
             structured["choice"] = list(so.choice)
         if so.grammar is not None:
             structured["grammar"] = so.grammar
+        if so.structural_tag is not None:
+            structured["structural_tag"] = so.structural_tag
+        if so.disable_any_whitespace:
+            structured["disable_any_whitespace"] = True
+        if so.disable_additional_properties:
+            structured["disable_additional_properties"] = True
+        if so.whitespace_pattern is not None:
+            structured["whitespace_pattern"] = so.whitespace_pattern
         body["structured_outputs"] = structured
     return body
 
@@ -230,6 +239,7 @@ class _Stream:
         self.request = request
         self.prompt_tokens = len(request.prompt_token_ids)
         self.open = set(range(request.sampling.n))
+        self.copies = request.sampling.n if greedy(request.sampling) else 1
 
     def chunk(self, event: dict[str, Any]) -> EngineChunk | None:
         if "error" in event and "choices" not in event:
@@ -240,18 +250,21 @@ class _Stream:
         for c in event.get("choices") or ():
             ids = list(c.get("token_ids") or ())
             finish = c.get("finish_reason")
-            if finish is not None:
-                self.open.discard(int(c["index"]))
-            deltas.append(
-                ChoiceDelta(
-                    index=int(c["index"]),
-                    text=c.get("text") or "",
-                    token_ids=tuple(ids),
-                    logprobs=_logprobs(c.get("logprobs"), ids, self.request.sampling.logprobs),
-                    finish_reason=_FINISH.get(finish, "stop") if finish is not None else None,
-                    stop_reason=c.get("stop_reason"),
+            lps = _logprobs(c.get("logprobs"), ids, self.request.sampling.logprobs)
+            for copy in range(self.copies):
+                index = int(c["index"]) + copy
+                if finish is not None:
+                    self.open.discard(index)
+                deltas.append(
+                    ChoiceDelta(
+                        index=index,
+                        text=c.get("text") or "",
+                        token_ids=tuple(ids),
+                        logprobs=lps,
+                        finish_reason=_FINISH.get(finish, "stop") if finish is not None else None,
+                        stop_reason=c.get("stop_reason"),
+                    )
                 )
-            )
         if usage is not None:  # the last event: the usage, once every choice has finished
             details = usage.get("prompt_tokens_details") or {}
             return EngineChunk(

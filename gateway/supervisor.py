@@ -81,6 +81,10 @@ class SupervisedEngine:
             return _unavailable(self.name)
         return self.inner.generate(request)
 
+    def check(self, request: EngineRequest) -> None:
+        if not self.down:  # a down engine answers the request itself (503)
+            self.inner.check(request)
+
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
 

@@ -66,3 +66,34 @@ def plan_output(
     if room < 1:
         return ContextTooLong(max_model_len, prompt_tokens, None)
     return OutputBudget(min(room, max_output_cap) if max_output_cap else room)
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationTooLong:
+    """`truncate_prompt_tokens` asks to keep more tokens than the context holds."""
+
+    keep: int
+    limit: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"truncate_prompt_tokens={self.keep} cannot be greater than the maximum context length "
+            f"{self.limit}. Please request a smaller truncation size."
+        )
+
+
+def truncate(
+    token_ids: tuple[int, ...], *, keep: int | None, side: str, max_model_len: int
+) -> tuple[int, ...] | TruncationTooLong:
+    """The prompt's ids as vLLM truncates them: `keep` of them (-1: as many as the context
+    holds with one token left for output), the last ones for side "left", else the first."""
+    if keep is None:
+        return token_ids
+    if keep > max_model_len:
+        return TruncationTooLong(keep, max_model_len)
+    if keep < 0:
+        keep = max_model_len - 1
+    if keep >= len(token_ids):
+        return token_ids
+    return token_ids[len(token_ids) - keep :] if side == "left" else token_ids[:keep]

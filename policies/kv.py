@@ -187,6 +187,7 @@ def footprint(
     *,
     n: int = 1,
     cache_salt: str | None = None,
+    reads_cache: bool = True,
 ) -> Footprint:
     """Worst-case blocks for a request of `n` sequences over one prompt.
 
@@ -195,11 +196,13 @@ def footprint(
     hit shares the attention blocks up to a live request's replay boundary (the
     admission ledger checks for one); its state block is revived, and paid for,
     as part of the request's own blocks. Sliding-window models predict no
-    sharing: an upper bound.
+    sharing: an upper bound. A request that does not read the cache (`reads_cache` False:
+    vLLM skips it for one that asks its prompt's logprobs) shares nothing, not even among its
+    own n sequences.
     """
     pool, per_seq = sequence_peaks(spec, len(prompt_ids), max_tokens)
     shared: tuple[Hashable, ...] = ()
-    if spec.prefix_caching and sharable(spec):
+    if spec.prefix_caching and sharable(spec) and reads_cache:
         shared = prefix_keys(prompt_ids, spec.block_size, cache_salt)
     h = len(shared)
     blocks = n * pool - (n - 1) * h

@@ -41,12 +41,15 @@ def render_chat(
     tools: Sequence[Mapping[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> Prompt:
-    """Apply the chat template, then tokenize the text without extra specials."""
+    """Apply the chat template, then tokenize the text without extra specials.
+    `continue_final_message`: the last (assistant) message is left open, to be written on."""
     text = tokenizer.apply_chat_template(
         list(messages),
         tools=list(tools) if tools else None,
         add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
         tokenize=False,
         **dict(template_kwargs or {}),
     )

@@ -35,6 +35,23 @@ def chat_logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob], top_k: int
     }
 
 
+def prompt_logprobs(
+    lps: tuple[TokenLogprob | None, ...] | None, length: int, top_k: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token, None for the first (nothing precedes it),
+    else {token id: {logprob, rank, decoded_token}} for the prompt's token and the top k."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps or (None,) * length:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.token}}
+        for rank, (token_id, token, logprob) in enumerate(lp.top[:top_k], start=1):
+            entry.setdefault(str(token_id), {"logprob": logprob, "rank": rank, "decoded_token": token})
+        out.append(entry)
+    return out
+
+
 @dataclass
 class CompletionLogprobs:
     """Legacy completions logprobs, with text offsets running across chunks."""
@@ -85,10 +102,12 @@ class ChoiceState:
     completion_tokens: int = 0
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
 
     def add(self, d: ChoiceDelta) -> None:
         self.text += d.text
         self.completion_tokens += len(d.token_ids)
+        self.token_ids += d.token_ids
         if d.logprobs:
             self.logprobs.extend(d.logprobs)
         if d.finish_reason is not None:
@@ -117,13 +136,15 @@ def tool_call(index: int | None, id: str, name: str, arguments: str) -> dict[str
     return call if index is None else {"index": index, **call}
 
 
-def chat_message(turn: Turn) -> dict[str, Any]:
-    """The assistant message: the answer, the reasoning under both names clients read
-    (`reasoning_content`, vLLM's older; `reasoning`, its newer), the tool calls."""
+def chat_message(turn: Turn, echo: str = "") -> dict[str, Any]:
+    """The assistant message: the answer (after the echoed text, for vLLM's `echo`), the
+    reasoning under both names clients read (`reasoning_content`, vLLM's older; `reasoning`,
+    its newer), the tool calls."""
+    content = echo + turn.content
     message: dict[str, Any] = {
         "role": "assistant",
         # OpenAI sends null content beside tool calls when there is no text.
-        "content": turn.content if turn.content or not turn.tool_calls else None,
+        "content": content if content or not turn.tool_calls else None,
         "refusal": None,
         "tool_calls": [tool_call(None, c.id, c.name, c.arguments) for c in turn.tool_calls],
     }
@@ -140,9 +161,11 @@ def chat_completion(
     choices: list[tuple[ChoiceState, Turn, str | None]],
     usage: Usage,
     top_logprobs: int | None,
+    extras: Extras | None = None,
 ) -> dict[str, Any]:
     """`choices`: each choice's state, its parsed turn and its finish reason."""
-    return {
+    x = extras or Extras()
+    body = {
         "id": id,
         "object": "chat.completion",
         "created": created,
@@ -150,15 +173,31 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": chat_message(turn),
+                "message": chat_message(turn, x.echo),
                 "logprobs": chat_logprobs(c.logprobs, top_logprobs) if top_logprobs is not None else None,
                 "finish_reason": finish,
             }
+            | ({"token_ids": c.token_ids} if x.prompt_token_ids is not None else {})
             for c, turn, finish in choices
         ],
         "usage": usage.body(),
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
+    if x.prompt_logprobs is not None:
+        body["prompt_logprobs"] = x.prompt_logprobs
+    if x.prompt_token_ids is not None:
+        body["prompt_token_ids"] = x.prompt_token_ids
+    return body
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What vLLM's extensions add to a chat body: the echoed text, the prompt's logprobs, and
+    (`return_token_ids`) the prompt's ids at the top and each choice's own."""
+
+    echo: str = ""
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 def envelope(

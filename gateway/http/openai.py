@@ -8,9 +8,10 @@ from fastapi import APIRouter, Request, Response
 
 from gateway import lifecycle, request_log
 from gateway.auth import Principal
+from gateway.errors import InvalidRequest
 from gateway.http import json_body, response_docs
 from gateway.http.deps import Caller, State, get_principal, get_state
-from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.http.schemas import ChatCompletionRequest, CompletionRequest, refused_fields
 from gateway.http.serving import answer, routing_of
 from gateway.state import AppState
 
@@ -26,10 +27,23 @@ async def _parsed(request: Request, model: type[M]) -> tuple[AppState, Principal
     state = get_state(request)
     data = json_body.document(await request.body())
     caller = await get_principal(request, request.headers.get("authorization"))
+    _refuse_unsupported(data, "chat" if model is ChatCompletionRequest else "completion")
     body = json_body.validate(model, data)
     state.counters.requests += 1
     request_log.note_model(request, body.model)
     return state, caller, body
+
+
+def _refuse_unsupported(data: Any, kind: str) -> None:
+    """vLLM's fields this gateway does not honour, when set: a 400 naming each, not a silent 200."""
+    refused = refused_fields(data, kind)
+    if refused:
+        names = ", ".join(f"'{name}'" for name in refused)
+        raise InvalidRequest(
+            f"Unsupported parameter: {names} is not supported by this server (see the API reference, docs/api.md).",
+            param=refused[0],
+            code="unsupported_parameter",
+        )
 
 
 @router.post(

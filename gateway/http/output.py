@@ -49,6 +49,13 @@ class _Accounting:
         if chunk.prompt_logprobs and self.prompt_logprobs[prompt_index] is None:
             self.prompt_logprobs[prompt_index] = chunk.prompt_logprobs
 
+    def prompt_logprobs_body(self, prompt_index: int) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's `prompt_logprobs` of a prompt, when the client asked them."""
+        if self.job.prompt_logprobs is None:
+            return None
+        lps = self.prompt_logprobs[prompt_index]
+        return bodies.prompt_logprobs(lps, len(self.job.prompts[prompt_index]), self.job.prompt_logprobs)
+
     def echo(self, prompt_index: int, lp: CompletionLogprobs) -> str:
         """The prompt text to prepend; adds the prompt's logprobs to `lp`."""
         prompt = self.job.prompts[prompt_index]
@@ -114,6 +121,11 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
             ],
             usage=acct.usage,
             top_logprobs=job.logprobs,
+            extras=bodies.Extras(
+                echo=job.echo_text,
+                prompt_logprobs=acct.prompt_logprobs_body(0),
+                prompt_token_ids=list(job.prompts[0].token_ids) if job.return_token_ids else None,
+            ),
         )
     return bodies.envelope(
         "text_completion",
@@ -127,10 +139,26 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
                 "logprobs": legacy[c.index].body() if job.logprobs is not None else None,
                 "finish_reason": c.finish_reason,
             }
+            | _completion_extras(job, acct, c.index // job.n, c.token_ids, whole=True)
             for c in choices
         ],
         usage=acct.usage,
     )
+
+
+def _completion_extras(
+    job: Job, acct: _Accounting, prompt_index: int, token_ids: list[int] | tuple[int, ...], *, whole: bool
+) -> dict[str, Any]:
+    """vLLM's fields of a completion choice: its prompt's logprobs and ids (`whole`: in a body,
+    or a stream's first chunk of the choice) and its own new ids."""
+    extras: dict[str, Any] = {}
+    if whole and job.prompt_logprobs is not None and not job.stream:  # vLLM streams none
+        extras["prompt_logprobs"] = acct.prompt_logprobs_body(prompt_index)
+    if job.return_token_ids:
+        if whole:
+            extras["prompt_token_ids"] = list(job.prompts[prompt_index].token_ids)
+        extras["token_ids"] = list(token_ids)
+    return extras
 
 
 def chat_deltas(events: list[Event]) -> list[dict[str, Any]]:
@@ -164,18 +192,17 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
     unfinished = len(job.requests)  # engine requests whose last chunk has not come
     tail: list[str] = []  # the last chunk's frames, held for the answer's end
 
-    def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
-        return sse(
-            bodies.envelope(
-                object_name,
-                id=job.id,
-                created=job.created,
-                model=job.served.name,
-                choices=choices,
-                usage=usage,
-                with_usage_field=job.include_usage,
-            )
+    def frame(choices: list[dict[str, Any]], usage: Usage | None = None, top: dict[str, Any] | None = None) -> str:
+        body = bodies.envelope(
+            object_name,
+            id=job.id,
+            created=job.created,
+            model=job.served.name,
+            choices=choices,
+            usage=usage or (acct.usage if job.continuous_usage else None),
+            with_usage_field=job.include_usage,
         )
+        return sse(body | top if top else body)
 
     try:
         async for i, chunk in chunks:
@@ -189,13 +216,21 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         started.add(idx)
                         parsers[idx] = TurnParser(job.turn)
                         role = {"role": "assistant", "content": ""}
-                        frames.append(frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}]))
+                        ids = {"prompt_token_ids": list(job.prompts[0].token_ids)} if job.return_token_ids else {}
+                        frames.append(
+                            frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}], top=ids)
+                        )
+                        if job.echo_text:
+                            echoed = {"content": job.echo_text}
+                            frames.append(
+                                frame([{"index": idx, "delta": echoed, "logprobs": None, "finish_reason": None}])
+                            )
                     parser = parsers[idx]
                     events = parser.feed(c.text, c.token_ids)
                     if c.finish_reason is not None:
                         events += parser.finish()
                     deltas = chat_deltas(events)
-                    if not deltas and c.finish_reason is None and not c.logprobs:
+                    if not deltas and c.finish_reason is None and not c.logprobs and not job.return_token_ids:
                         continue
                     logprobs = (
                         bodies.chat_logprobs(c.logprobs or (), job.logprobs) if job.logprobs is not None else None
@@ -205,6 +240,8 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         last = k == max(len(deltas), 1) - 1
                         entry = {"index": idx, "delta": delta, "logprobs": logprobs if k == 0 else None}
                         entry["finish_reason"] = finish if last else None
+                        if job.return_token_ids:  # the engine chunk's ids, on its first frame
+                            entry["token_ids"] = list(c.token_ids) if k == 0 else []
                         if last:
                             out.append(entry)
                         else:
@@ -212,13 +249,14 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                 else:
                     text = c.text
                     lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
-                    if idx not in started:
+                    first = idx not in started
+                    if first:
                         started.add(idx)
                         if job.echo:
                             text = acct.echo(i, lp) + text
                     if job.logprobs is not None and c.logprobs:
                         lp.add(list(c.logprobs), _token_texts(c.logprobs))
-                    if not text and c.finish_reason is None:
+                    if not text and c.finish_reason is None and not job.return_token_ids:
                         continue
                     out.append(
                         {
@@ -227,6 +265,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                             "logprobs": lp.take() if job.logprobs is not None else None,
                             "finish_reason": c.finish_reason,
                         }
+                        | _completion_extras(job, acct, i, c.token_ids, whole=first)
                     )
             # One choice per chunk, as OpenAI and vLLM send them: a client that reads
             # `choices[0]` of each chunk sees every choice's text and finish reason.

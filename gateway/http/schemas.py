@@ -12,6 +12,7 @@ plain dicts in `bodies.py` (hot path; they are never parsed back).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -62,6 +63,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: the usage so far on every chunk (with include_usage)
 
 
 class ContentPart(_Request):
@@ -138,14 +140,125 @@ class JsonSchemaFormat(_Request):
 
 
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # vLLM's structural tag: xgrammar's `format`, or its older `structures` + `triggers`.
+    format: FreeJson | None = None
+    structures: list[FreeJson] | None = None
+    triggers: list[str] | None = None
 
     @model_validator(mode="after")
     def _schema_present(self) -> ResponseFormat:
         if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
             raise ValueError("response_format of type json_schema needs json_schema.schema")
+        if self.type == "structural_tag" and self.format is None and (self.structures is None or self.triggers is None):
+            raise ValueError("response_format of type structural_tag needs format, or structures and triggers")
         return self
+
+    @property
+    def structural_tag(self) -> str:
+        """The structural tag as vLLM's engine takes it: the response format as JSON text."""
+        if self.format is not None:
+            return json.dumps({"type": "structural_tag", "format": self.format})
+        return json.dumps({"type": "structural_tag", "structures": self.structures, "triggers": self.triggers})
+
+
+class StructuredOutputs(_Request):
+    """vLLM's `structured_outputs`: exactly one constraint, and its options. Whether the
+    constraint compiles is checked by the engine (400 before the request is admitted)."""
+
+    json_: FreeJson | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        given = [
+            name
+            for name, value in (
+                ("json", self.json_),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+                ("json_object", self.json_object),
+                ("structural_tag", self.structural_tag),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            listed = ", ".join(given) or "none"
+            raise ValueError(
+                f"give exactly one of json, regex, choice, grammar, json_object, structural_tag (given: {listed})"
+            )
+        return self
+
+    @property
+    def json_schema(self) -> dict[str, Any] | None:
+        """The JSON schema (given as an object or as JSON text)."""
+        if isinstance(self.json_, str):
+            try:
+                value = _engine_safe(json.loads(self.json_))
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not a JSON schema: {e}") from None
+            if not isinstance(value, dict):
+                raise ValueError("structured_outputs.json must be a JSON object")
+            return value
+        return self.json_
+
+
+# vLLM's fields this gateway does not honour: a request that sets one to anything but its
+# default gets a 400 naming it (docs/api.md lists them), never a silent 200.
+REFUSED_FIELDS: dict[str, Any] = {
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "allowed_token_ids": None,
+    "bad_words": [],
+    "logprob_token_ids": None,
+    "prompt_embeds": None,
+    "spaces_between_special_tokens": True,
+    "priority": 0,  # the admission class comes from the key and the priority header
+    "request_id": None,
+    "session_id": None,
+    "cache_salt": None,  # the gateway salts the prefix cache per team or user (prefix.cache_isolation)
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "vllm_xargs": None,
+    "repetition_detection": None,
+    "stream_interval": None,
+    "thinking_token_budget": None,
+    "return_tokens_as_token_ids": False,
+    "return_token_offsets": False,
+    "return_prompt_text": False,
+    "routed_experts_prompt_start": 0,
+    "mm_payload": None,
+    "return_mm_kwargs": False,
+    "watermarking": None,
+    "media_io_kwargs": None,
+    "mm_processor_kwargs": None,
+    "documents": None,  # chat
+    "chat_template": None,  # chat: the model's own template renders every prompt
+    "add_special_tokens": None,  # chat's default False, completions' True: either is what it does
+    "guided_json": None,  # vLLM's names before structured_outputs
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "guided_decoding_backend": None,
+}
+_SPECIAL_DEFAULTS = {"chat": {"add_special_tokens": False}, "completion": {"add_special_tokens": True}}
+
+
+def refused_fields(data: Any, kind: str) -> list[str]:
+    """The refused fields `data` sets to something other than their defaults."""
+    if not isinstance(data, dict):
+        return []
+    defaults = REFUSED_FIELDS | _SPECIAL_DEFAULTS[kind]
+    return [k for k, default in defaults.items() if k in data and data[k] is not None and data[k] != default]
 
 
 class SamplingFields(_Request):
@@ -175,6 +288,22 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None  # completions too, as vLLM takes it
+    structured_outputs: StructuredOutputs | None = None
+    # Logprobs of the prompt's tokens: the k likeliest at each place, and the prompt's own.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    return_token_ids: bool | None = None
+    # Keep this many of the prompt's tokens (-1: as many as the context allows), from the
+    # `truncation_side` (left: the last ones; right: the first; default: the tokenizer's).
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
+    truncation_side: Literal["left", "right"] | None = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and info.data.get("stream"):
+            raise ValueError("prompt_logprobs are not available when stream is true")
+        return v
 
     @field_validator("stream_options")
     @classmethod
@@ -194,6 +323,11 @@ class SamplingFields(_Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """The usage so far on every chunk (vLLM's `continuous_usage_stats`, with include_usage)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -201,13 +335,23 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Annotated[ToolChoice | None, BeforeValidator(_tool_choice)] = None
     parallel_tool_calls: bool | None = None
     # "none" turns thinking off; the other efforts leave it on (Qwen models have no levels).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: FreeJson | None = None
+    # vLLM's: the last message's text before the answer (its role must be the answer's).
+    echo: bool = False
+    add_generation_prompt: bool = True
+    # Go on writing the last (assistant) message instead of starting a new one.
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _continuation(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        return self
 
     @field_validator("top_logprobs")
     @classmethod

@@ -55,6 +55,12 @@ class Job:
     route: RouteInfo | None = None
     # How to read the output (reasoning, tool calls); plain text for completions.
     turn: TurnSpec = field(default_factory=TurnSpec)
+    # vLLM's extensions: chat's echoed text, the prompt's logprobs (top-k), the token ids of
+    # the prompt and the answer, the usage so far on every streamed chunk.
+    echo_text: str = ""
+    prompt_logprobs: int | None = None
+    return_token_ids: bool = False
+    continuous_usage: bool = False
 
     @property
     def worst_case_tokens(self) -> int:

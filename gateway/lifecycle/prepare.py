@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from engine_adapter.base import (
     EngineRequest,
+    EngineRequestInvalid,
     SamplingOptions,
     StructuredOutput,
 )
@@ -32,7 +33,7 @@ from gateway.settings import PRIORITY_CLASSES, LimitSettings
 from gateway.text.assistant import TurnSpec
 from gateway.text.templates import history_prefix
 from policies import kv, prefix, tokens
-from policies.context import ContextTooLong, OutputTooLong, plan_output
+from policies.context import ContextTooLong, OutputTooLong, TruncationTooLong, plan_output, truncate
 from policies.demand import Demand
 from policies.load import RouteInfo, RouteQuery
 
@@ -182,13 +183,57 @@ def _turn(served: ServedModel, req: ChatCompletionRequest, prompt: tokens.Prompt
 
 
 def _structured(req: SamplingFields) -> StructuredOutput | None:
-    rf = getattr(req, "response_format", None)
+    """The output's constraint: OpenAI's `response_format` or vLLM's `structured_outputs`."""
+    rf = req.response_format
+    so = req.structured_outputs
+    if rf is not None and rf.type != "text" and so is not None:
+        raise InvalidRequest(
+            "Give the output's constraint either as 'response_format' or as 'structured_outputs', not both.",
+            param="structured_outputs",
+        )
+    if so is not None:
+        try:
+            schema = so.json_schema
+        except ValueError as e:
+            raise InvalidRequest(str(e), param="structured_outputs.json") from None
+        return StructuredOutput(
+            json_object=bool(so.json_object),
+            json_schema=schema,
+            regex=so.regex,
+            choice=None if so.choice is None else tuple(so.choice),
+            grammar=so.grammar,
+            structural_tag=so.structural_tag,
+            disable_any_whitespace=so.disable_any_whitespace,
+            disable_additional_properties=so.disable_additional_properties,
+            whitespace_pattern=so.whitespace_pattern,
+        )
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
         return StructuredOutput(json_object=True)
+    if rf.type == "structural_tag":
+        return StructuredOutput(structural_tag=rf.structural_tag)
     assert rf.json_schema is not None and rf.json_schema.schema_ is not None
     return StructuredOutput(json_schema=rf.json_schema.schema_)
+
+
+def _constraint_param(req: SamplingFields, forced: bool = False) -> str:
+    """The field a request's output constraint came from, for its errors."""
+    if forced:
+        return "tool_choice"
+    return "structured_outputs" if req.structured_outputs is not None else "response_format"
+
+
+async def _engine_checked(served: ServedModel, request: EngineRequest, param: str) -> None:
+    """The engine's own checks of a constrained request (compiling its grammar takes
+    milliseconds: off the event loop), so a bad regex, schema or grammar is a 400 before
+    admission rather than an error in the middle of a stream."""
+    if request.sampling.structured is None:
+        return
+    try:
+        await asyncio.to_thread(served.engine.check, request)
+    except EngineRequestInvalid as e:
+        raise InvalidRequest(f"Invalid '{param}': {e}", param=param) from e
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
@@ -245,6 +290,24 @@ def _budget(served: ServedModel, principal: Principal, prompt: tokens.Prompt, re
     if isinstance(plan, OutputTooLong):
         raise InvalidRequest(plan.message, param="max_tokens")
     return plan.max_tokens
+
+
+def _truncated(served: ServedModel, principal: Principal, prompt: tokens.Prompt, req: SamplingFields) -> tokens.Prompt:
+    """The prompt cut to `truncate_prompt_tokens` (vLLM's rule); it is counted, charged and
+    reserved as cut."""
+    if req.truncate_prompt_tokens is None:
+        return prompt
+    side = req.truncation_side or getattr(served.tokenizer, "truncation_side", None) or "right"
+    ids = truncate(
+        prompt.token_ids, keep=req.truncate_prompt_tokens, side=side, max_model_len=_context_limit(served, principal)
+    )
+    if isinstance(ids, TruncationTooLong):
+        raise InvalidRequest(ids.message, param="truncate_prompt_tokens")
+    if len(ids) == len(prompt):
+        return prompt
+    if not ids:
+        raise InvalidRequest("truncate_prompt_tokens=0 leaves no prompt.", param="truncate_prompt_tokens")
+    return tokens.from_ids(ids)
 
 
 def _resolve(registry: ModelRegistry, model: str, principal: Principal) -> ServedModel:
@@ -352,10 +415,11 @@ async def _render_for(
 ) -> tuple[tokens.Prompt, tuple[str, ...]]:
     try:
         tools = _tools_for_template(req)
+        args = (served, messages, tools, _template_kwargs(req), policy, _generation(req))
         if tools is None and sum(len(m["content"]) for m in messages) <= INLINE_CHARS:
-            return _render(served, messages, tools, _template_kwargs(req), policy)
+            return _render(*args)
         # Tokenizing a long prompt takes milliseconds: keep the event loop free.
-        return await asyncio.to_thread(_render, served, messages, tools, _template_kwargs(req), policy)
+        return await asyncio.to_thread(_render, *args)
     except Exception as e:  # template errors (jinja) are the request's fault
         raise InvalidRequest(f"Could not render the chat template: {e}", param="messages") from e
 
@@ -369,8 +433,32 @@ def chat_prompt(served: ServedModel, req: ChatCompletionRequest, principal: Prin
     (and the key's) prefix policy, rendered, tokenized. Synchronous, for benchmarks and tools."""
     policy = _prefix_policy(served, principal)
     messages = _messages_for_template(req.messages)
-    prompt, _ = _render(served, messages, _tools_for_template(req), _template_kwargs(req), policy)
+    prompt, _ = _render(served, messages, _tools_for_template(req), _template_kwargs(req), policy, _generation(req))
     return prompt
+
+
+def _generation(req: ChatCompletionRequest) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message) as the client asks them."""
+    return req.add_generation_prompt, req.continue_final_message
+
+
+def _chat_prompt_logprobs(req: ChatCompletionRequest) -> int | None:
+    """The prompt's logprobs to ask: as given, or with an echo (as vLLM answers one: the
+    prompt's logprobs at top_logprobs' k); a stream carries none."""
+    if req.prompt_logprobs is not None or not req.echo or req.stream:
+        return req.prompt_logprobs
+    return req.top_logprobs or 0
+
+
+def _echo_text(req: ChatCompletionRequest, messages: list[dict[str, Any]]) -> str:
+    """What chat's `echo` puts before the answer (as vLLM does): the last message's text, when
+    the answer goes on in its role (an assistant message, or any without a generation prompt)."""
+    if not req.echo:
+        return ""
+    last = messages[-1]
+    if req.add_generation_prompt and last["role"] != "assistant":
+        return ""
+    return str(last["content"] or "")
 
 
 def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -399,11 +487,17 @@ async def prepare_chat(
     served, info = _route(routing, req.model, candidates, principal, prompt, req.requested_max_tokens)
     if served.tokenizer_id != first.tokenizer_id:  # counted with another vocabulary: count again
         prompt, changes = await _render_for(served, messages, req, _prefix_policy(served, principal))
+    prompt = _truncated(served, principal, prompt, req)
     _check_vocabulary(req, served)
     max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     job_id = f"chatcmpl-{uuid.uuid4().hex}"
     forced = _forced_schema(req)
+    if forced is not None and req.structured_outputs is not None:
+        raise InvalidRequest(
+            "A forced tool call is already constrained: 'structured_outputs' cannot be combined with this tool_choice.",
+            param="structured_outputs",
+        )
     request = EngineRequest(
         request_id=job_id,
         prompt_token_ids=prompt.token_ids,
@@ -411,11 +505,12 @@ async def prepare_chat(
             req,
             max_tokens=max_tokens,
             logprobs=top,
-            prompt_logprobs=None,
+            prompt_logprobs=_chat_prompt_logprobs(req),
             structured=None if forced is None else StructuredOutput(json_schema=forced),
         ),
         cache_salt=_cache_salt(served, principal),
     )
+    await _engine_checked(served, request, _constraint_param(req, forced=forced is not None))
     job = Job(
         kind="chat",
         id=job_id,
@@ -431,6 +526,10 @@ async def prepare_chat(
         prefix_changes=changes,
         route=info,
         turn=_turn(served, req, prompt),
+        echo_text=_echo_text(req, messages),
+        prompt_logprobs=_chat_prompt_logprobs(req),
+        return_token_ids=bool(req.return_token_ids),
+        continuous_usage=req.continuous_usage,
     )
     return job
 
@@ -474,13 +573,22 @@ def _render(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any] | None,
     policy: prefix.PrefixPolicy | None,
+    generation: tuple[bool, bool] = (True, False),
 ) -> tuple[tokens.Prompt, tuple[str, ...]]:
     changes: tuple[str, ...] = ("off",)
     if policy is not None:
         hp = history_prefix(served.tokenizer, template_kwargs) if policy.stable_history else ""
         norm = prefix.normalize(messages, tools, policy, history_prefix=hp)
         messages, tools, changes = norm.messages, norm.tools, norm.changes
-    prompt = tokens.render_chat(served.tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
+    add_generation_prompt, continue_final = generation
+    prompt = tokens.render_chat(
+        served.tokenizer,
+        messages,
+        tools=tools,
+        template_kwargs=template_kwargs,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final,
+    )
     return prompt, changes
 
 
@@ -533,9 +641,12 @@ async def prepare_completion(
     served, info = _route(routing, req.model, candidates, principal, longest, req.max_tokens)
     if served.tokenizer_id != first.tokenizer_id:
         prompts = await _completion_prompts(served, given)
+    prompts = [_truncated(served, principal, p, req) for p in prompts]
     _check_vocabulary(req, served)
     job_id = f"cmpl-{uuid.uuid4().hex}"
     lp = req.logprobs
+    # The prompt's logprobs: as asked, or for an echo with logprobs (the echoed tokens' own).
+    prompt_lp = req.prompt_logprobs if req.prompt_logprobs is not None else (lp if req.echo else None)
     requests = tuple(
         EngineRequest(
             request_id=f"{job_id}-{i}",
@@ -544,12 +655,14 @@ async def prepare_completion(
                 req,
                 max_tokens=_budget(served, principal, p, req.max_tokens, "prompt"),
                 logprobs=lp,
-                prompt_logprobs=lp if (req.echo and lp is not None) else None,
+                prompt_logprobs=prompt_lp,
             ),
             cache_salt=_cache_salt(served, principal),
         )
         for i, p in enumerate(prompts)
     )
+    for r in requests[:1]:  # one check: the prompts' constraint is the same
+        await _engine_checked(served, r, _constraint_param(req))
     job = Job(
         kind="completion",
         id=job_id,
@@ -564,6 +677,9 @@ async def prepare_completion(
         logprobs=lp,
         echo=req.echo,
         route=info,
+        prompt_logprobs=prompt_lp,
+        return_token_ids=bool(req.return_token_ids),
+        continuous_usage=req.continuous_usage,
     )
     return job
 
@@ -591,7 +707,14 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
     private = 0
     shared: tuple[Any, ...] = ()
     for i, (prompt, request) in enumerate(zip(job.prompts, job.requests, strict=True)):
-        fp = kv.footprint(spec, prompt.token_ids, request.sampling.max_tokens, n=job.n, cache_salt=request.cache_salt)
+        fp = kv.footprint(
+            spec,
+            prompt.token_ids,
+            request.sampling.max_tokens,
+            n=job.n,
+            cache_salt=request.cache_salt,
+            reads_cache=request.sampling.prompt_logprobs is None,  # vLLM skips the cache for these
+        )
         if i == 0:
             shared = fp.shared_keys
             private += fp.private_blocks

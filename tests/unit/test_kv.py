@@ -98,6 +98,13 @@ def test_n_sequences_share_prompt_blocks() -> None:
     assert (fp.blocks, len(fp.shared_keys), fp.private_blocks) == (4, 2, 2)
 
 
+def test_a_request_that_skips_the_cache_shares_nothing() -> None:
+    """vLLM reads no cache for a request that asks its prompt's logprobs: each of its n
+    sequences holds the whole prompt."""
+    fp = footprint(spec(FULL), ids(300), 30, n=2, reads_cache=False)
+    assert (fp.blocks, fp.shared_keys) == (6, ())
+
+
 def test_no_sharing_without_prefix_caching() -> None:
     fp = footprint(spec(FULL, prefix=False), ids(300), 30, n=2)
     assert (fp.blocks, fp.shared_keys) == (6, ())

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -165,3 +167,56 @@ def test_type_error_messages_read_like_openai_s() -> None:
     errors = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors()]
     message, _, _ = _validation_message(RequestValidationError(errors))
     assert message == "Invalid type for 'stop': expected a string or an array, but got an integer instead."
+
+
+def test_vllm_fields_not_honoured_are_named_unless_at_their_default() -> None:
+    from gateway.http.schemas import refused_fields
+
+    body = {"model": "m", "use_beam_search": True, "priority": 0, "cache_salt": "s", "add_special_tokens": False}
+    assert refused_fields(body, "chat") == ["use_beam_search", "cache_salt"]
+    assert refused_fields(body, "completion") == ["use_beam_search", "cache_salt", "add_special_tokens"]
+    assert refused_fields({"use_beam_search": None, "bad_words": []}, "chat") == []
+    assert refused_fields([1], "chat") == []
+
+
+def test_structured_outputs_take_exactly_one_constraint() -> None:
+    base = {"model": "m", "prompt": "x"}
+    for given in ({}, {"regex": "a", "choice": ["a"]}, {"choice": []}):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate(base | {"structured_outputs": given})
+    req = CompletionRequest.model_validate(base | {"structured_outputs": {"json": '{"type": "object"}'}})
+    assert req.structured_outputs is not None and req.structured_outputs.json_schema == {"type": "object"}
+    for text in ("[1]", "{oops"):
+        req = CompletionRequest.model_validate(base | {"structured_outputs": {"json": text}})
+        with pytest.raises(ValueError, match=r"structured_outputs\.json"):
+            _ = req.structured_outputs.json_schema  # type: ignore[union-attr]
+
+
+def test_chat_cannot_both_continue_the_last_message_and_open_a_new_one() -> None:
+    msgs = [{"role": "assistant", "content": "a"}]
+    with pytest.raises(ValidationError, match="add_generation_prompt"):
+        ChatCompletionRequest.model_validate({"model": "m", "messages": msgs, "continue_final_message": True})
+    ok = {"model": "m", "messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
+    assert ChatCompletionRequest.model_validate(ok).continue_final_message
+
+
+def test_prompt_logprobs_are_not_streamed_and_usage_so_far_needs_usage() -> None:
+    base = {"model": "m", "prompt": "x"}
+    with pytest.raises(ValidationError, match="prompt_logprobs"):
+        CompletionRequest.model_validate(base | {"stream": True, "prompt_logprobs": 1})
+    only = CompletionRequest.model_validate(base | {"stream": True, "stream_options": {"continuous_usage_stats": True}})
+    assert not only.continuous_usage
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    assert CompletionRequest.model_validate(base | {"stream": True, "stream_options": both}).continuous_usage
+
+
+def test_structural_tag_response_format_needs_its_tag() -> None:
+    base = {"model": "m", "prompt": "x"}
+    with pytest.raises(ValidationError, match="structural_tag"):
+        CompletionRequest.model_validate(base | {"response_format": {"type": "structural_tag"}})
+    fmt = {"type": "structural_tag", "format": {"type": "const_string", "value": "a"}}
+    rf = CompletionRequest.model_validate(base | {"response_format": fmt}).response_format
+    assert rf is not None and json.loads(rf.structural_tag) == fmt
+    legacy = {"type": "structural_tag", "structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<a>"]}
+    rf = CompletionRequest.model_validate(base | {"response_format": legacy}).response_format
+    assert rf is not None and json.loads(rf.structural_tag) == legacy
