@@ -28,7 +28,8 @@ shown, never compared (vLLM says "BadRequestError", OpenAI and sparkgate
 the same field more precisely (`stop_token_ids[0]` for vLLM's `stop_token_ids`).
 
 Fields sparkgate refuses by design (a 400 naming the field, where vLLM honours it) are
-"refused-documented", not "no". Markdown to stdout: case | sparkgate | vLLM | alike?, then
+"refused-documented", not "no"; n greedy choices, which vLLM refuses and sparkgate answers
+(one choice, copied), are "answered-documented". Markdown to stdout: case | sparkgate | vLLM | alike?, then
 "alike: X of Y (refused by design: Z)"; progress to stderr. --json writes every case's
 requests, shapes and both servers' answers (trimmed). Exits non-zero when sparkgate answered
 a request with a 5xx or not at all.
@@ -610,6 +611,8 @@ class Case:
     name: str
     requests: tuple[Req, ...]
     refusable: tuple[str, ...] = ()  # fields sparkgate refuses by design (a 400 naming them)
+    # sparkgate answers what vLLM refuses, by design (n greedy choices: one, copied)
+    answered_by_design: bool = False
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -938,6 +941,7 @@ def cases() -> list[Case]:
                 Req("chat", CHAT, chat(n=2, max_tokens=4), n_greedy_shape),
                 Req("completions", COMP, comp(n=2, max_tokens=4), n_greedy_shape),
             ),
+            answered_by_design=True,
         ),
         Case(
             "tool_required_defs",
@@ -1046,14 +1050,17 @@ def names_field(a: Answer, fields: Sequence[str]) -> bool:
 
 
 def verdict(case: Case, sg: Sequence[Answer], vl: Sequence[Answer]) -> str:
-    """ "yes", "no", or "refused-documented": sparkgate refuses the case's field by design (a 400
-    naming it on every request) where vLLM answers otherwise."""
+    """ "yes", "no", "refused-documented" (sparkgate refuses the case's field by design, a 400
+    naming it on every request, where vLLM answers otherwise) or "answered-documented"
+    (sparkgate answers, by design, what vLLM refuses with a 400)."""
     sg_shapes = [r.check(a) for r, a in zip(case.requests, sg, strict=True)]
     vl_shapes = [r.check(a) for r, a in zip(case.requests, vl, strict=True)]
     if all(alike(s, v) for s, v in zip(sg_shapes, vl_shapes, strict=True)):
         return "yes"
     if case.refusable and all(names_field(a, case.refusable) for a in sg):
         return "refused-documented"
+    if case.answered_by_design and all(a.status == 200 for a in sg) and all(a.status == 400 for a in vl):
+        return "answered-documented"
     return "no"
 
 
@@ -1088,7 +1095,8 @@ def trim(value: Any, max_list: int = 6, max_str: int = 300) -> Any:
 def summary(verdicts: Sequence[str]) -> str:
     yes = sum(v == "yes" for v in verdicts)
     refused = sum(v == "refused-documented" for v in verdicts)
-    return f"alike: {yes} of {len(verdicts)} (refused by design: {refused})"
+    answered = sum(v == "answered-documented" for v in verdicts)
+    return f"alike: {yes} of {len(verdicts)} (refused by design: {refused}; answered where vLLM refuses: {answered})"
 
 
 def sparkgate_failed(answers: dict[str, list[Answer]]) -> list[str]:

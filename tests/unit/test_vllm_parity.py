@@ -181,7 +181,16 @@ def test_verdicts_and_refusals() -> None:
     assert p.verdict(case, [error(400, "messages")], vllm) == "no"
     assert p.verdict(p.Case("x", case.requests), refused, vllm) == "no"
     assert p.verdict(case, [p.Answer(200, chat_body("y", "length"))], vllm) == "yes"
-    assert p.summary(["yes", "no", "refused-documented", "yes"]) == "alike: 2 of 4 (refused by design: 1)"
+    assert p.summary(["yes", "no", "refused-documented", "answered-documented", "yes"]) == (
+        "alike: 2 of 5 (refused by design: 1; answered where vLLM refuses: 1)"
+    )
+
+
+def test_answered_by_design_is_only_a_200_where_vllm_refuses() -> None:
+    greedy = p.Case("n2", (p.Req("chat", p.CHAT, {}, p.basic),), answered_by_design=True)
+    refusal = [error(400, None)]
+    assert p.verdict(greedy, [p.Answer(200, chat_body("x", "length"))], refusal) == "answered-documented"
+    assert p.verdict(greedy, [error(400, "n")], [p.Answer(200, chat_body("x", "length"))]) == "no"
 
 
 def test_sparkgate_failures_are_5xx_or_no_answer() -> None:
