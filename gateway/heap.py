@@ -1,9 +1,9 @@
 """The start-up heap, kept out of the garbage collector's full passes while serving.
 
 A gateway process holds torch, transformers, vLLM and the tokenizers: millions of objects
-that live as long as it does. Each full (oldest-generation) collection walked all of them,
-a ~0.4 s stall of the event loop on 2 cores, and the passes over the younger generations
-grew with the heap too (BENCHMARKS.md, "Fixed cost per request"). vLLM's own server freezes
+that live as long as it does. Each full (oldest-generation) collection walks all of them,
+a stall of the event loop of a sizeable fraction of a second on 2 cores, and the passes over
+the younger generations grow with the heap too (BENCHMARKS.md). vLLM's own server freezes
 its start-up heap for the same reason (`vllm.utils.gc_utils.freeze_gc_heap`).
 """
 

@@ -75,7 +75,7 @@ class ServerSettings(_Model):
     # text: for a console; json: one JSON object a line, every logger's (README "Logs").
     log_format: Literal["text", "json"] = "text"
     # uvicorn's access line as well: `sparkgate.request` already has one line per request with
-    # more in it, and the second line cost ~3% of a short request's CPU (BENCHMARKS.md).
+    # more in it, and a second line costs CPU on every short request.
     access_log: bool = False
     # Idle keep-alive, longer than clients' pool expiry (httpx, so the openai SDK: 5 s):
     # otherwise a client may reuse a connection just as the server closes it.

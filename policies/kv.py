@@ -119,11 +119,12 @@ def _held(group: KVGroup, c: int, k: int, full_blocks: int, spec: KVSpec) -> int
             return 1  # one state block
         if not spec.async_scheduling:
             # "align" keeps the previous state block for the step that crosses into a new
-            # block, which is also the step the attention groups reach their peak (measured, 0.32).
+            # block, which is also the step the attention groups reach their peak (vLLM 0.32;
+            # docs/kv-footprint.md).
             return 2
-        # Asynchronous scheduling (CUDA builds) was measured holding more while a chunked
-        # prefill crosses several blocks: 3 of 1056-token and 4 of 784-token blocks with
-        # 2048-token chunks (H200, vLLM 0.26). Bound: the blocks one chunk spans, plus two.
+        # Asynchronous scheduling (CUDA builds) holds more while a chunked prefill crosses
+        # several blocks (docs/kv-footprint.md, section 8). Bound: the blocks one chunk spans,
+        # plus two.
         chunk = spec.max_num_batched_tokens or full_blocks * group.block_size
         return min(full_blocks, 2 + cdiv(chunk, group.block_size))
     if group.kind == "sliding_window" and group.sliding_window:

@@ -32,8 +32,8 @@ MIN_HOLD_S = 0.5  # a hold extended at its end lasts at least this long
 PREFILL_WINDOW_S = 60.0  # how far back the prefill share of an engine's time looks
 MAX_PREFILL_SHARE = 0.8
 MIN_STEP_S = 1e-4  # a step's floor in the turn-taking ratios (a profile may predict ~0 for a tiny prompt)
-# A step waits for a busy box-mate's at most this long (the box model's `gpu_timeslice_s`, fitted
-# on the H200: a step's total wait over its host syncs, ~2 ms each as measured; issue 21).
+# A step waits for a busy box-mate's at most this long: the box model's `gpu_timeslice_s` (a
+# step's total wait over its host syncs; docs/design/box-model.md).
 GPU_TIMESLICE_S = 0.010
 
 
@@ -504,9 +504,9 @@ class Lane:
         if self.spec.aligned_chunks:
             # Its first chunk must reach a block boundary (or its end): with the prompts ahead
             # each taking a chunk of every step, the step's room may be short of one, and then it
-            # waits (and vLLM admits nobody after it) until enough of them have prefilled. The
-            # 35B-A3B with FP8 KV: 2,096-token blocks and chunks, 4,096-token steps: a chat of
-            # more than 2,000 tokens waits for all of a document's prefill (issue 21).
+            # waits (and vLLM admits nobody after it) until enough of them have prefilled. E.g.
+            # 2,096-token blocks and chunks in 4,096-token steps: a prompt of more than 2,000
+            # tokens waits for all of a long prompt's prefill ahead of it.
             need = self.spec.block_size if new_tokens >= self.spec.block_size else 1
             beside = max(0, (self.spec.step_tokens or cap) - need) // cap  # prompts it can prefill beside
             if len(left) > beside:

@@ -22,8 +22,8 @@ from policies.routing import Candidate, NoRoute, Route, Slo, choose
 
 # Holds kept for a reserved class end once this share of the held request's deadline is
 # spent: waiting to its last moment leaves no room for the prediction's error, which grows
-# with the minutes of work a deadline covers (issue 21: summaries held on engines slower
-# than their profile sat out the whole run).
+# with the minutes of work a deadline covers (on an engine slower than its profile, a held
+# summary would otherwise be held to the end).
 RESERVE_HOLD_SHARE = 0.5
 
 

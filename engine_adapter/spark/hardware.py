@@ -41,11 +41,10 @@ TRAINED_ROUTING_LOCALITY = 0.1
 # Fixed cost per extra forward pass (each draft pass): graph launch and sync.
 FORWARD_OVERHEAD_S = 0.0004
 # Engines on one box are processes of their own, and a GPU runs one process's kernels at a time:
-# a step waits for a busy box-mate, at most this long. Fitted to the H200 (issue 21, two engines
-# co-resident): the 35B-A3B's 4.4 ms decode step took 14-17 ms beside the busy 27B (4.4 + 10),
-# the 27B's 15.4 ms step 20-34 ms. Measured since (benchmarks/gpu/timeslice.py): ~2 ms per host
-# sync, and one long kernel is not stretched; so 10 ms is a step's total wait over its ~5 syncs,
-# not the GPU's slice.
+# a step waits for a busy box-mate, at most this long. Fitted to two engines sharing one GPU (a
+# short decode step beside a busy mate took about its own time plus this); a host-sync probe
+# (benchmarks/gpu/timeslice.py) shows one long kernel is not stretched, so this is a step's
+# total wait over its host syncs, not the GPU's slice. Figures: BENCHMARKS.md.
 GPU_TIMESLICE_S = 0.010
 
 # --- The DGX Spark's kernel path and host (GB10, sm_121, Grace cores) ---
@@ -181,20 +180,17 @@ H200 = BoxSpec(
     # inside a CUDA graph, plus sampling. Public single-stream vLLM figures for ~3B-active MoE
     # models on H100-class GPUs (~4-5 ms per token for ~2 ms of weight streaming) put it at ~2.5 ms.
     step_overhead_s=0.0025,
-    # The synchronous scheduler's cost (the Spark deployment's, which the issue 21 routing runs
-    # keep): fitted on the 35B-A3B's requests that ran alone there against engine-direct runs
-    # with async scheduling (issue 19). One stream's TPOT 6.0 ms against 4.2 ms: 1.8 ms a step.
-    # A 14,274-token prompt's first token 0.84 s against ~0.58 s: ~37 ms a 2,096-token prefill
-    # step, so ~17 us a token. Which host work a prefill step exposes is not measured; the 27B is
-    # assumed to pay the same.
+    # The synchronous scheduler's cost (the Spark deployment's, which the routing runs on real
+    # engines keep): fitted on the 35B-A3B's requests that ran alone there against engine-direct
+    # runs with async scheduling: one stream's time per token gives the per-step cost, a long
+    # prompt's first token the per-token one (BENCHMARKS.md). Which host work a prefill step
+    # exposes is not measured; the 27B is assumed to pay the same.
     sync_step_s=0.0018,
     sync_token_s=17e-6,
-    # A step waits for a busy box-mate's at most ~6 ms, about three host syncs at the ~2 ms each
-    # measured (benchmarks/gpu/timeslice.py), not the 10 ms slice a long step's work comes in:
-    # fitted to the round-robin runs at 0.6 and 0.7 req/s (issue 21, two hosts), where a wait of
-    # 10 ms put the 35B-A3B's decode beside the busy 27B at 1.25-1.4x what it took (0.72x, 0.80x)
-    # and round-robin's attainment 12-14 points low. With 6 ms each model's decode beside its
-    # mate is x1.00-1.10 of the box model's, as alone (x1.01-1.13), and round-robin within 1.5.
+    # A step waits for a busy box-mate's at most ~6 ms, about three host syncs
+    # (benchmarks/gpu/timeslice.py), not the 10 ms slice a long step's work comes in: fitted to
+    # the round-robin runs on real engines, where a whole slice overstated a decode's time beside
+    # a busy mate and understated round-robin's attainment (BENCHMARKS.md).
     gpu_mate_wait_s=0.006,
 )
 

@@ -21,7 +21,7 @@ M = TypeVar("M", ChatCompletionRequest, CompletionRequest)
 
 # The two hot routes take the request alone and parse it themselves (json_body), in the
 # order FastAPI would: the JSON, the key, the schema. FastAPI's dependency machinery for a body
-# model, a header and two dependencies cost 3-15% of a 1-token chat's CPU time; the document
+# model, a header and two dependencies costs a sizeable share of a short chat's CPU time; the document
 # still describes the body (`openapi_extra`).
 async def _parsed(request: Request, model: type[M]) -> tuple[AppState, Principal, M]:
     state = get_state(request)

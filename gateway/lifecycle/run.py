@@ -116,8 +116,8 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
     first = job.requests[0]
     # The length routing predicted it at: max_tokens as the client set it, else the default
     # (the sampling's max_tokens is then the context left). Capping a set max_tokens at the
-    # default had the router believe a 1,000-token summary's slot free halfway through it
-    # (issue 21, H200 run: chats predicted 0.24-0.42 s waited 2.3-4.8 s for a slot).
+    # default would have the router believe a long summary's slot free halfway through it, and
+    # send chats to wait for that slot.
     route = job.route
     return router.fly(
         job.served.name, first.prompt_token_ids, route.output_tokens, first.cache_salt, route, job.principal.name
@@ -130,8 +130,8 @@ async def _route_hold(job: Job, flight: Flight, router: Router, *, checked: bool
 
     Held requests of one class on one engine wait in line: only the first re-checks its
     hold (each check walks every request on the engine), the others wait for it to go,
-    woken in turn. Each re-checking on its own made the checks quadratic in the requests
-    held, enough to stall the gateway with a thousand clients (BENCHMARKS.md, Soak)."""
+    woken in turn. Each re-checking on its own would make the checks quadratic in the
+    requests held, enough to stall the gateway with a thousand clients."""
     engine = job.served.engine
 
     async def until_due() -> None:
@@ -231,8 +231,8 @@ class Running:
         if state.metrics is not None:
             state.metrics.admitted(job, ticket.waited_s)
         # Debug, not info: the request log's line (`sparkgate.request`) says the same when the
-        # request ends, and each line at info costs the event loop ~0.3 ms a request on 2 loaded
-        # cores (py-spy, BENCHMARKS.md "Fixed cost per request").
+        # request ends, and a line at info costs the event loop a share of every short request's
+        # time (BENCHMARKS.md).
         log.debug(
             "%s: model=%s user=%s prompt_tokens=%s max_tokens=%s n=%d stream=%s waited=%.3fs",
             job.id,

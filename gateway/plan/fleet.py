@@ -13,9 +13,8 @@ Engines sharing a box take turns on its GPU: each engine is a process of its own
 GPU runs one process's kernels at a time, switching after a time slice
 (`BoxSpec.gpu_timeslice_s`), so each slice of a step's work (the step, or a slice of a longer
 one) waits for a slice of a busy box-mate's, at most `BoxSpec.mate_wait_s`. A short step beside
-a long one pays most: on the H200 with the synchronous scheduler a 35B-A3B decode step waits
-~6 ms for the 27B's (issue 21), which halving each engine's bandwidth (the model before) put at
-2x for both.
+a long one pays most; halving each engine's bandwidth instead would make both twice as slow,
+which is not what two engines on one GPU do (docs/design/box-model.md).
 """
 
 from __future__ import annotations
@@ -336,9 +335,9 @@ class Fleet:
         """Compute the lane's next step from now, stretched by the box-mates it takes turns with:
         for each whose step is under way, each slice of this step's work (the step, or a time
         slice of a longer one) waits for a slice of the mate's, at most the box's mate wait
-        (`turn_ratio`; the router predicts the same with a wait of a whole slice: its GPU runs
-        in issue 21 were made so, a little pessimistic for a short step beside a long one), and
-        by this machine's host time where it exceeds that wait."""
+        (`turn_ratio`; the router predicts the same with a wait of a whole slice, a little
+        pessimistic for a short step beside a long one), and by this machine's host time where
+        it exceeds that wait."""
         lane.sim.advance_to(self.clock.now)
         res = lane.sim.step()
         lane.step_s = own = res.duration
