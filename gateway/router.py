@@ -135,7 +135,7 @@ class Router:
             raise EngineUnavailableError(out.message, headers={"Retry-After": retry_after_header(retry)})
         raise SloUnattainable(out.message, retry_after_s=out.retry_after_s)
 
-    def fly(
+    def start_flight(
         self,
         model: str,
         prompt_ids: Sequence[int],
@@ -145,7 +145,7 @@ class Router:
         user: str = "",
     ) -> Flight:
         """Start the timing record of `user`'s request sent (or held) for `model` as `route` decided."""
-        return self.model.fly(model, prompt_ids, output_tokens, salt, route, user)
+        return self.model.start_flight(model, prompt_ids, output_tokens, salt, route, user)
 
     def snapshot(self) -> dict[str, object]:
         out: dict[str, object] = {"routed": dict(self.model.routed), "rejected": self.model.rejected, "models": {}}

@@ -4,7 +4,7 @@ record of each request sent there. Pure: values in, values out, times from each 
 `LoadModel.route` predicts the request on every candidate lane (policies/lanes.py), checks
 what it would do to the requests already there and to the capacity kept for tighter SLO
 classes (`reserve`), and lets `policies.routing.choose` decide: a `RouteInfo`, or a
-`NoRoute` that says whether retrying can help. `LoadModel.fly` starts the `Flight` of a
+`NoRoute` that says whether retrying can help. `LoadModel.start_flight` starts the `Flight` of a
 request sent (or held) as routing decided; its timings correct the lane's latency model.
 See docs/routing.md.
 """
@@ -284,7 +284,7 @@ class LoadModel:
             slo = dataclasses.replace(slo, deadline_s=slo.deadline_s * RESERVE_HOLD_SHARE)
         return 0.0 if slo.misses(later, flight.output_tokens) else wait
 
-    def fly(
+    def start_flight(
         self,
         model: str,
         prompt_ids: Sequence[int],

@@ -82,7 +82,7 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
             status = getattr(e, "status", 0)
             metrics.not_started(job, REJECTED_QUOTA if status == 429 else QUOTA_UNAVAILABLE)
         raise
-    flight = _fly(state.router, job)
+    flight = _start_flight(state.router, job)
     try:
         if flight is not None:
             assert state.router is not None  # a flight is routing's
@@ -109,7 +109,7 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     return Running(job, state, ticket, hold, flight, client_gone)
 
 
-def _fly(router: Router | None, job: Job) -> Flight | None:
+def _start_flight(router: Router | None, job: Job) -> Flight | None:
     """Start the job's timing record on the model routing chose (None: routing is off)."""
     if router is None or job.route is None:
         return None
@@ -119,7 +119,7 @@ def _fly(router: Router | None, job: Job) -> Flight | None:
     # default would have the router believe a long summary's slot free halfway through it, and
     # send chats to wait for that slot.
     route = job.route
-    return router.fly(
+    return router.start_flight(
         job.served.name, first.prompt_token_ids, route.output_tokens, first.cache_salt, route, job.principal.name
     )
 

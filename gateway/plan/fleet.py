@@ -429,7 +429,7 @@ class Fleet:
         o.model = name
         lane = self.lanes[name]
         if self.model is not None and info is not None:
-            flight = self.model.fly(name, a.prompt, a.kind.output_tokens, None, info)
+            flight = self.model.start_flight(name, a.prompt, a.kind.output_tokens, None, info)
             lane.flights[a.id] = flight
             if info.hold_s > 0:  # routing holds it back, as the gateway would
                 self._due.push(flight.not_before, a, name)

@@ -146,11 +146,11 @@ def test_a_held_request_is_held_again_while_it_would_still_stall_a_decode() -> N
     fleet = Fleet(Placement("one", (Deployed("dense", "Qwen3.8-27B", "box", 65.0, latency=DENSE),)), ROUTING, "router")
     load, clock = fleet.model, fleet.clock
     assert load is not None
-    decoding = load.fly("dense", range(2_000), 300, None, _route(60.0))
+    decoding = load.start_flight("dense", range(2_000), 300, None, _route(60.0))
     decoding.admitted()
     clock.now = 1.0
     decoding.tokens(1, 0)
-    held = load.fly("dense", range(40_000), 100, None, _route(54.0, hold_s=1.0))
+    held = load.start_flight("dense", range(40_000), 100, None, _route(54.0, hold_s=1.0))
     clock.now = 2.0  # its hold is over, but its ~20 s prefill would still stall the decode
     more = held.hold_again()
     assert more > 1.0 and held.not_before == clock.now + more
@@ -166,12 +166,12 @@ def test_a_prefill_progresses_at_half_speed_while_a_box_mate_prefills() -> None:
     load, clock = fleet.model, fleet.clock
     assert load is not None
     lane = load.lanes["dense"]
-    long = load.fly("dense", range(20_000), 10, None, _route(60.0))
+    long = load.start_flight("dense", range(20_000), 10, None, _route(60.0))
     long.admitted()
     work = lane.prefill_s(20_000)
     clock.now = 4.0
     assert lane.prefill_backlog_s() == pytest.approx(work - 4.0)  # alone on the box: full speed
-    mate = load.fly("moe", range(1_000), 10, None, _route(60.0))
+    mate = load.start_flight("moe", range(1_000), 10, None, _route(60.0))
     # Both steps longer than a time slice: they take turns slice by slice
     assert lane.turn_ratio(load.lanes["moe"].turn_s(), lane.prefill_step_s(20_000)) == 1.0
     clock.now = 8.0  # the mate has been busy for the last 4 s: they count half
@@ -245,7 +245,7 @@ def test_with_a_chunk_cap_a_short_prompt_waits_for_a_chunk_of_a_long_one_not_all
     capped, fcfs = _capped(1024), _capped(0)
     for fleet in (capped, fcfs):
         assert fleet.model is not None
-        doc = fleet.model.fly("dense", range(30_000), 10, None, _route(60.0))
+        doc = fleet.model.start_flight("dense", range(30_000), 10, None, _route(60.0))
         doc.admitted()
     assert capped.model is not None and fcfs.model is not None
     lane, whole = capped.model.lanes["dense"], fcfs.model.lanes["dense"]
@@ -276,7 +276,7 @@ def test_with_a_chunk_cap_a_prompt_that_would_delay_a_prefilling_chat_past_its_t
     load, clock = fleet.model, fleet.clock
     assert load is not None
     lane = load.lanes["dense"]
-    chat = load.fly("dense", range(5_000), 300, None, _route(2.0))
+    chat = load.start_flight("dense", range(5_000), 300, None, _route(2.0))
     chat.admitted()
     clock.now = 0.2  # ~1.5 s of its prefill left, 1.8 s to its objective
     harm = lane.harms(3_000, ())  # a second chat's ~1 s prefill would share its steps
@@ -311,7 +311,7 @@ def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
     load, clock = fleet.model, fleet.clock
     assert load is not None and load.lanes["dense"].slots == 4
     for _ in range(2):  # two summaries decoding: two of the four slots
-        s = load.fly("dense", range(10_000), 1_000, None, _route(60.0))
+        s = load.start_flight("dense", range(10_000), 1_000, None, _route(60.0))
         s.admitted()
         s.tokens(1, 0)
     model, info = _routed(load, "auto", ["dense"], "batch", range(8_000), 1_000)
@@ -322,7 +322,7 @@ def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
     _, chat = _routed(load, "auto", ["dense"], "interactive", range(1_000), 100)
     assert chat.hold_s == 0.0
     # Held, the summary defers: it is not ahead of the chat, nor does it count as work there.
-    held = load.fly("dense", range(8_000), 1_000, None, info)
+    held = load.start_flight("dense", range(8_000), 1_000, None, info)
     lane = load.lanes["dense"]
     assert held not in lane.ahead() and lane.prefill_all_s() == 0.0
     # At its hold's end it is held again while the slots are still taken, and goes once one is free.
@@ -335,7 +335,7 @@ def test_lenient_work_that_can_wait_leaves_reserved_slots_free() -> None:
     plain = _one(ROUTING)
     assert plain.model is not None
     for _ in range(3):
-        plain.model.fly("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
+        plain.model.start_flight("dense", range(10_000), 1_000, None, _route(60.0)).admitted()
     _, info = _routed(plain.model, "auto", ["dense"], "batch", range(8_000), 1_000)
     assert info.hold_s == 0.0
 
@@ -347,11 +347,11 @@ def test_a_reserve_hold_ends_once_half_the_held_request_s_deadline_is_spent() ->
     load, clock = fleet.model, fleet.clock
     assert load is not None
     for _ in range(2):  # two long decodes keep two of the four slots for ~90 s
-        s = load.fly("dense", range(1_000), 5_000, None, _route(60.0))
+        s = load.start_flight("dense", range(1_000), 5_000, None, _route(60.0))
         s.admitted()
         s.tokens(1, 0)
     _, info = _routed(load, "auto", ["dense"], "batch", range(8_000), 1_000)
-    held = load.fly("dense", range(8_000), 1_000, None, info)
+    held = load.start_flight("dense", range(8_000), 1_000, None, info)
     assert info.hold_s > 0.0
     lane = load.lanes["dense"]
     with lane.lifted(held):
@@ -374,9 +374,9 @@ def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class
         clock.now = t
         name, info = _routed(load, "auto", ["dense", "moe"], "interactive", range(1_500), 100)
         assert name == "dense"
-        load.fly(name, range(1_500), 100, None, info).finish()
+        load.start_flight(name, range(1_500), 100, None, info).finish()
     assert load.reference("interactive") == (1_500, 0, 100) and load.rate("interactive") == 1.0
-    busy = load.fly("moe", range(60_000), 300, None, _route(60.0))  # a long prefill: no chat fits there
+    busy = load.start_flight("moe", range(60_000), 300, None, _route(60.0))  # a long prefill: no chat fits there
     busy.admitted()
     assert not load.ready(load.lanes["moe"], "interactive", (1_500, 0, 100))
     # A document on the 27B would leave no engine for chats for as long as it prefills; it can
@@ -390,8 +390,8 @@ def test_lenient_work_does_not_take_the_last_engine_ready_for_the_reserved_class
     assert re.search(r"cannot wait .* to keep an engine ready for interactive", no.message)
     # The one held: at its hold's end, held on while the 35B-A3B is still busy (another prompt
     # came) and its first token can still be in time.
-    held = load.fly("dense", range(20_000), 300, None, info)
-    more = load.fly("moe", range(30_000), 300, None, _route(60.0))  # another prompt there meanwhile
+    held = load.start_flight("dense", range(20_000), 300, None, info)
+    more = load.start_flight("moe", range(30_000), 300, None, _route(60.0))  # another prompt there meanwhile
     more.admitted()
     clock.now = held.not_before
     assert held.hold_again() > 0.0  # held on: its first token can still be in time
@@ -410,7 +410,7 @@ def test_a_box_mate_is_expected_as_busy_as_lately_beyond_its_work_now() -> None:
     mate = load.lanes["moe"]
     for start in (0.0, 20.0, 40.0):  # busy 10 s of every 20 for the last minute
         clock.now = start
-        f = load.fly("moe", range(1_000), 10, None, _route(60.0))
+        f = load.start_flight("moe", range(1_000), 10, None, _route(60.0))
         clock.now = start + 10.0
         f.finish()
     clock.now = 60.0

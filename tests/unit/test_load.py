@@ -129,7 +129,7 @@ def test_turned_away_busy_when_load_is_the_reason_and_impossible_when_idle_would
     assert isinstance(never, NoRoute) and never.kind == "impossible" and never.retry_after_s is None
     assert never.message.startswith("No model can meet the 'interactive' latency objective for this request even when")
     assert never.message.endswith("Use a less urgent SLO class (e.g. batch) or a shorter prompt.")
-    model.fly("a", range(30_000), 300)  # a long prompt queued ahead: a chat would wait ~15 s
+    model.start_flight("a", range(30_000), 300)  # a long prompt queued ahead: a chat would wait ~15 s
     busy = ask(model, "auto", "interactive", 1_000)
     assert isinstance(busy, NoRoute) and busy.kind == "busy" and busy.retry_after_s is not None
     assert f"under the current load: {busy.reason}. Retry in about {busy.retry_after_s:g} s" in busy.message
@@ -142,7 +142,7 @@ def test_a_flight_s_cached_prefix_and_its_shadow_of_the_engine_s_cache() -> None
     model = LoadModel(specs, CLASSES, aliases=ALIASES)
     prompt = range(100)  # 6 whole blocks of 16 before the last token's
     for name in ("small", "big", "none"):
-        f = model.fly(name, prompt, 10, "team:a")
+        f = model.start_flight(name, prompt, 10, "team:a")
         f.admitted()
         f.tokens(1, 0)
     small, big, none = (model.lanes[n] for n in ("small", "big", "none"))
@@ -156,13 +156,13 @@ def test_a_flight_finishes_once_and_old_busy_spans_are_dropped() -> None:
     clock = Clock()
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
-    f = model.fly("a", range(1_000), 10)
+    f = model.start_flight("a", range(1_000), 10)
     clock.now = 1.0
     f.finish()
     f.finish()
     assert a.flights == [] and list(a.busy_spans) == [(0.0, 1.0)]
     clock.now = BUSY_HISTORY_S + 10.0
-    g = model.fly("a", range(1_000), 10)
+    g = model.start_flight("a", range(1_000), 10)
     clock.now += 1.0
     g.finish()
     assert list(a.busy_spans) == [(BUSY_HISTORY_S + 10.0, BUSY_HISTORY_S + 11.0)]
@@ -174,11 +174,11 @@ def test_busy_time_and_duty_count_only_the_spans_that_reach_into_the_window() ->
     a = model.lanes["a"]
     for start in range(0, 200, 2):  # busy 1 s of every 2, up to 199
         clock.now = float(start)
-        f = model.fly("a", range(100), 10)
+        f = model.start_flight("a", range(100), 10)
         clock.now += 1.0
         f.finish()
     clock.now = 200.0
-    model.fly("a", range(100), 10)  # busy again since 200
+    model.start_flight("a", range(100), 10)  # busy again since 200
     clock.now = 200.5
 
     def overlap(t0: float, t1: float) -> float:  # the definition, over every span
@@ -200,9 +200,9 @@ def test_a_busy_box_mate_s_share_is_taken_out_of_what_the_model_learns() -> None
     model = LoadModel([lane("a", clock, box="x"), lane("b", clock, box="x")], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
     own = a.latency.predict(prompt_tokens=3_000)
-    mate = model.fly("b", range(100), 1_000)
+    mate = model.start_flight("b", range(100), 1_000)
     mate.admitted()  # busy from 0 to the end
-    f = model.fly("a", range(3_000), 11)
+    f = model.start_flight("a", range(3_000), 11)
     f.admitted()
     clock.now = 2 * 1.5 * own.ttft_s  # 1.5x slower than the profile, and the mate doubled it
     f.tokens(1, 0)
@@ -221,9 +221,9 @@ def test_other_prompts_prefilling_beside_a_request_teach_no_ttft_and_come_out_of
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
     step = a.latency.predict(prompt_tokens=1, concurrency=2, context_tokens=300).tpot_s  # g runs beside it
-    f = model.fly("a", range(100), 401)
+    f = model.start_flight("a", range(100), 401)
     f.admitted()
-    g = model.fly("a", range(8_000), 5)
+    g = model.start_flight("a", range(8_000), 5)
     g.admitted()  # prefills beside f's prefill...
     clock.now = 0.2
     f.tokens(1, 0)
@@ -233,27 +233,27 @@ def test_other_prompts_prefilling_beside_a_request_teach_no_ttft_and_come_out_of
     assert a.latency.observations == 0 and [(s, e) for s, e, _ in a.prefill_spans] == [(0.0, 0.2), (0.0, 3.2)]
     assert a.prefilling_within(0.1, 5.0, f) == pytest.approx(3.1)
     assert a.prefilling_within(0.1, 5.0, g) == pytest.approx(0.1)
-    h = model.fly("a", range(500), 5)
+    h = model.start_flight("a", range(500), 5)
     a.prefilled(h, 1.0, 2.0)  # inside g's: counted once
     assert a.prefilling_within(0.1, 5.0, f) == pytest.approx(3.1)
     clock.now = 3.2 + 400 * step  # f's decode: 3 s of g's prefill, then its own speed
     f.tokens(400)
     f.finish()
     assert a.latency.learned()["tpot"] == {"factor": pytest.approx(1.0), "n": 1}
-    h = model.fly("a", range(100), 11)  # a decode mostly beside a prefill teaches nothing
+    h = model.start_flight("a", range(100), 11)  # a decode mostly beside a prefill teaches nothing
     h.admitted()
     clock.now += 0.1
     h.tokens(1, 0)
-    model.fly("a", range(8_000), 5).admitted()
+    model.start_flight("a", range(8_000), 5).admitted()
     clock.now += 3.0
     h.tokens(10)
     h.finish()
     assert a.latency.learned()["tpot"]["n"] == 1
     # Spans older than the busy history go; a first token without an admission is no span.
     clock.now += BUSY_HISTORY_S + 10.0
-    late = model.fly("a", range(100), 5)
+    late = model.start_flight("a", range(100), 5)
     late.admitted()
-    unseen = model.fly("a", range(100), 5)
+    unseen = model.start_flight("a", range(100), 5)
     clock.now += 0.1
     late.tokens(1, 0)
     unseen.tokens(1, 0)
@@ -266,7 +266,7 @@ def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
     a = model.lanes["a"]
     one = a.prefill_s(6_000)
     for _ in range(3):
-        model.fly("a", range(6_000), 10)
+        model.start_flight("a", range(6_000), 10)
         clock.now += 10.0
     assert a.prefill_share() == pytest.approx(3 * one / PREFILL_WINDOW_S)
     clock.now = PREFILL_WINDOW_S + 15.0  # the first two have left the window
@@ -274,7 +274,7 @@ def test_the_prefill_share_is_the_last_window_s_prefills() -> None:
     clock.now += PREFILL_WINDOW_S
     assert a.prefill_share() == 0.0 and a.prefills_s == 0.0
     for _ in range(200):  # capped: the engine still decodes between prompts
-        model.fly("a", range(6_000), 10)
+        model.start_flight("a", range(6_000), 10)
     assert a.prefill_share() == MAX_PREFILL_SHARE
 
 
@@ -282,9 +282,9 @@ def test_prefill_ahead_of_a_queued_or_held_flight() -> None:
     clock = Clock()
     model = LoadModel([lane("a", clock), lane("b", clock)], CLASSES, aliases=ALIASES)  # one box
     a, b = model.lanes["a"], model.lanes["b"]
-    first = model.fly("a", range(5_000), 100)
-    queued = model.fly("a", range(2_000), 100)
-    held = model.fly("a", range(3_000), 100, None, info("a", hold_s=10.0))
+    first = model.start_flight("a", range(5_000), 100)
+    queued = model.start_flight("a", range(2_000), 100)
+    held = model.start_flight("a", range(3_000), 100, None, info("a", hold_s=10.0))
     assert a.prefilled_s(queued, clock.now) == 0.0  # not admitted: nothing done
     assert a.until_first_token(queued, 0.0) == pytest.approx(a.prefill_s(5_000) + a.prefill_s(2_000))
     # A held one comes after everything there now.
@@ -303,7 +303,7 @@ def test_a_held_request_waiting_its_turn_to_be_rechecked_is_still_held() -> None
     clock = Clock()
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
-    summary = model.fly("a", range(16_000), 1000, None, info("a", "batch", ttft_s=None, hold_s=1.0))
+    summary = model.start_flight("a", range(16_000), 1000, None, info("a", "batch", ttft_s=None, hold_s=1.0))
     clock.now = 2.0  # its hold is over
     with summary.in_line():
         assert a.ahead() == []
@@ -319,9 +319,9 @@ def test_a_newcomer_waits_behind_its_own_queue_not_a_flood_s() -> None:
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
     for _ in range(4):  # every slot
-        model.fly("a", range(200), 20, user="heavy").admitted()
+        model.start_flight("a", range(200), 20, user="heavy").admitted()
         clock.now += 0.1
-    flood = [model.fly("a", range(200), 100, user="heavy") for _ in range(12)]
+    flood = [model.start_flight("a", range(200), 100, user="heavy") for _ in range(12)]
     assert a.queued_ahead() == a.queued_ahead("heavy") == flood
     assert a.queued_ahead("light") == []  # served less recently than heavy: first in line
     chat = RouteQuery(requested="a", candidates=["a"], slo_class="interactive", prompt_ids=range(200), output_tokens=50)
@@ -329,8 +329,8 @@ def test_a_newcomer_waits_behind_its_own_queue_not_a_flood_s() -> None:
     assert isinstance(light, RouteInfo) and isinstance(heavy, NoRoute)
     assert isinstance(model.route(chat), NoRoute)  # no user: first come, first served
     # Served more recently than heavy, with one request queued: heavy's next two go first.
-    model.fly("a", range(200), 100, user="light").admitted()
-    mine = model.fly("a", range(200), 100, user="light")
+    model.start_flight("a", range(200), 100, user="light").admitted()
+    mine = model.start_flight("a", range(200), 100, user="light")
     assert a.queued_ahead("light") == [*flood[:2], mine]
 
 
@@ -338,22 +338,22 @@ def test_with_a_chunk_cap_requests_past_their_first_token_or_without_one_due_are
     clock = Clock()
     model = LoadModel([lane("a", clock, chunk_tokens=1024, step_tokens=2048)], CLASSES, aliases=ALIASES)
     a = model.lanes["a"]
-    decoding = model.fly("a", range(1_000), 300, None, info("a", ttft_s=2.0))
+    decoding = model.start_flight("a", range(1_000), 300, None, info("a", ttft_s=2.0))
     decoding.admitted()
     clock.now = 0.5
     decoding.tokens(1, 0)
-    model.fly("a", range(5_000), 300).admitted()  # prefilling, no objective
+    model.start_flight("a", range(5_000), 300).admitted()  # prefilling, no objective
     assert "TTFT" not in a.harms(3_000, ()).reason
 
 
 def test_a_held_request_goes_when_waiting_longer_would_miss_its_own_first_token() -> None:
     clock = Clock()
     model = LoadModel([lane("a", clock)], CLASSES, aliases=ALIASES)
-    decoding = model.fly("a", range(2_000), 300, None, info("a"))
+    decoding = model.start_flight("a", range(2_000), 300, None, info("a"))
     decoding.admitted()
     clock.now = 1.0
     decoding.tokens(1, 0)
-    held = model.fly("a", range(40_000), 100, None, info("a", ttft_s=22.0, hold_s=1.0))
+    held = model.start_flight("a", range(40_000), 100, None, info("a", ttft_s=22.0, hold_s=1.0))
     clock.now = 2.0  # its ~19 s prefill would still stall the decode, but it is due by 23 s
     assert model.lanes["a"].harms(40_000, (), skip=held).reason
     assert held.hold_again() == 0.0
@@ -368,9 +368,9 @@ def test_lenient_work_before_any_reserved_request_or_beside_a_ready_engine_is_no
         clock.now = t
         chat = ask(model, "auto", "interactive", 1_500)
         assert isinstance(chat, RouteInfo) and chat.model == "dense"
-        model.fly(chat.model, range(1_500), 100, None, chat).finish()
+        model.start_flight(chat.model, range(1_500), 100, None, chat).finish()
     assert model.reference("interactive") == (1_500, 0, 100) and model.rate("interactive") == 1.0
-    model.fly("moe", range(60_000), 300).admitted()  # no chat fits there now
+    model.start_flight("moe", range(60_000), 300).admitted()  # no chat fits there now
     assert not model.ready(model.lanes["moe"], "interactive", (1_500, 0, 100))
     # A short summary on the ready 27B leaves it ready; on the other it takes no ready engine.
     for names in (["dense", "moe"], ["moe", "dense"]):
@@ -388,7 +388,7 @@ def test_with_aligned_chunks_a_prompt_longer_than_a_steps_room_waits_for_the_pre
     aligned = LoadModel([lane("a", clock, FAST, aligned_chunks=True, **shape)], CLASSES, aliases=ALIASES)
     free = LoadModel([lane("a", clock, FAST, **shape)], CLASSES, aliases=ALIASES)
     for model in (aligned, free):
-        model.fly("a", range(50_000), 300).admitted()
+        model.start_flight("a", range(50_000), 300).admitted()
     a, f = aligned.lanes["a"], free.lanes["a"]
     document = a.prefill_s(50_000)
     assert a.prefill_ahead_s(2_400) == pytest.approx(document)
@@ -398,9 +398,9 @@ def test_with_aligned_chunks_a_prompt_longer_than_a_steps_room_waits_for_the_pre
     # The 27B's 1,568-token blocks: a step has room for a chunk beside one prompt, not two.
     narrow = {"chunk_tokens": 1568, "step_tokens": 4096, "block_size": 1568}
     dense = LoadModel([lane("d", clock, SLOW, aligned_chunks=True, **narrow)], CLASSES, aliases=ALIASES)
-    dense.fly("d", range(30_000), 300).admitted()
+    dense.start_flight("d", range(30_000), 300).admitted()
     d = dense.lanes["d"]
     beside_one = d.prefill_ahead_s(2_400)
     assert beside_one < 0.3 * d.prefill_s(30_000)
-    dense.fly("d", range(20_000), 300).admitted()
+    dense.start_flight("d", range(20_000), 300).admitted()
     assert d.prefill_ahead_s(2_400) >= d.prefill_s(30_000)  # the first of the two, whole

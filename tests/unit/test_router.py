@@ -14,7 +14,7 @@ from engine_adapter.base import Engine, KVGroup, KVSpec
 from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
 from gateway.lifecycle.job import Job
-from gateway.lifecycle.run import _fly, _route_hold
+from gateway.lifecycle.run import _route_hold, _start_flight
 from gateway.registry import ServedModel
 from gateway.router import Router
 from gateway.settings import KeyLimits, LatencyProfile, ModelSettings, RoutingSettings, SloClass
@@ -111,14 +111,14 @@ def test_candidates_and_slo_class(router: Router) -> None:
 def test_a_route_and_the_errors_for_none(router: Router, engines: tuple[StubEngine, StubEngine]) -> None:
     info = router.route(query("auto", ["big", "small"], 1_000))
     assert isinstance(info, RouteInfo) and info.model == "big" and info.reason == "best: meets interactive"
-    flight = router.fly("big", range(1_000), 100, None, info)
+    flight = router.start_flight("big", range(1_000), 100, None, info)
     assert router.snapshot()["routed"] == {"big": 1} and flight.lane is router.model.lanes["big"]
     with pytest.raises(SloUnattainable) as never:
         router.route(query("auto", ["big", "small"], 20_000))
     assert never.value.retry_after_s is None and never.value.headers == {"x-should-retry": "false"}
     assert "latency objective for this request even when idle: no model meets" in never.value.message
-    router.fly("small", range(30_000), 100, None)
-    router.fly("big", range(30_000), 100, None)
+    router.start_flight("small", range(30_000), 100, None)
+    router.start_flight("big", range(30_000), 100, None)
     with pytest.raises(SloUnattainable) as busy:
         router.route(query("auto", ["big", "small"], 1_000))
     assert busy.value.retry_after_s is not None and busy.value.headers["Retry-After"] == f"{busy.value.retry_after_s:g}"
@@ -148,7 +148,7 @@ async def test_requests_held_in_line_stay_held_until_their_turn(router: Router) 
     (gateway/lifecycle/run.py): one waiting its turn is still held, its own hold over or not."""
     info = router.route(query("big", ["big"], 1_000, "batch"))
     assert isinstance(info, RouteInfo)
-    flight = router.fly("big", range(1_000), 100, None, dataclasses.replace(info, hold_s=1.0))
+    flight = router.start_flight("big", range(1_000), 100, None, dataclasses.replace(info, hold_s=1.0))
     job = cast(Job, SimpleNamespace(served=router.served["big"], route=info))
     line = router.hold_line("big", "batch")
     await line.acquire()  # another request of its class is being re-checked
@@ -176,5 +176,5 @@ def test_a_flight_expects_the_output_routing_predicted(
         prompt_token_ids=range(1_000), sampling=SimpleNamespace(max_tokens=max_tokens), cache_salt=None
     )
     job = cast(Job, SimpleNamespace(served=router.served["big"], route=info, requests=[request], principal=ANONYMOUS))
-    flight = _fly(router, job)
+    flight = _start_flight(router, job)
     assert flight is not None and flight.output_tokens == expected
