@@ -331,7 +331,7 @@ class Lane:
         return sum(1 for f in self.flights if f.admitted_at is not None)
 
     @contextlib.contextmanager
-    def placed(self, flight: Flight) -> Iterator[None]:
+    def as_if_queued(self, flight: Flight) -> Iterator[None]:
         """Predict as if `flight` were queued here; busy spans untouched."""
         self.flights.append(flight)
         try:
@@ -340,7 +340,7 @@ class Lane:
             self.flights.remove(flight)
 
     @contextlib.contextmanager
-    def lifted(self, flight: Flight) -> Iterator[None]:
+    def as_if_absent(self, flight: Flight) -> Iterator[None]:
         """Predict as if `flight` were not here; busy spans untouched."""
         i = self.flights.index(flight)
         del self.flights[i]

@@ -239,7 +239,7 @@ class LoadModel:
         if not reserved:
             return Reserve()
         keep = min(lane.slots - 1, max(self.classes[c].reserve_slots for c in reserved))
-        here = lane.ahead()  # (`flight` is not on its lane yet, or lifted off it)
+        here = lane.ahead()  # (`flight` is not on its lane yet, or taken off it: `Lane.as_if_absent`)
         if lane.slots - len(here) - 1 < keep:
             step = lane.step_s(max(1, lane.running()), 0)
             frees = min((f.remaining_s(step) for f in here if f.admitted_at is not None), default=0.0)
@@ -254,7 +254,7 @@ class LoadModel:
             ready = ready_now[cls]
             if not ready or len(ready) == len(lanes) or any(x is not lane and x not in lane.mates for x in ready):
                 continue  # nothing to keep, nothing to wait for, or one it does not slow stays ready
-            with lane.placed(flight):
+            with lane.as_if_queued(flight):
                 if any(self.ready(x, cls, reference) for x in ready):
                     continue
                 # It keeps its engine from them until it has prefilled.
@@ -273,7 +273,7 @@ class LoadModel:
         class's capacity, while it is still predicted to meet its own objectives after waiting,
         with RESERVE_HOLD_SHARE of a deadline."""
         lane = flight.lane
-        with lane.lifted(flight):
+        with lane.as_if_absent(flight):
             wait = self.reserve(flight, slo.name).wait_s
             if not wait:
                 return 0.0

@@ -354,7 +354,7 @@ def test_a_reserve_hold_ends_once_half_the_held_request_s_deadline_is_spent() ->
     held = load.start_flight("dense", range(8_000), 1_000, None, info)
     assert info.hold_s > 0.0
     lane = load.lanes["dense"]
-    with lane.lifted(held):
+    with lane.as_if_absent(held):
         own = lane.predict_tokens(8_000, 0, 1_000).total_s(1_000)
     half = load.slo("batch").deadline_s * RESERVE_HOLD_SHARE  # 0.9 headroom x 300 s x 0.5
     assert half == pytest.approx(135.0) and own < half
