@@ -86,15 +86,15 @@ class Router:
         self.model = load_model(settings, [_lane(m, (boxes or {}).get(m.name, "")) for m in models])
         # Routing decisions for /metrics: (model, decision) -> count (gateway/metrics.py).
         self.decisions: Counter[tuple[str, str]] = Counter()
-        self._hold_lines: dict[tuple[str, str], asyncio.Lock] = {}
+        self._recheck_lines: dict[tuple[str, str], asyncio.Lock] = {}
         # When models that are down should serve again (None: not soon); the engine
         # supervisor sets it (gateway/supervisor.py), else the load model's guess is used.
         self.down_retry_after: Callable[[Sequence[str]], float | None] | None = None
 
-    def hold_line(self, model: str, slo: str) -> asyncio.Lock:
+    def recheck_line(self, model: str, slo: str) -> asyncio.Lock:
         """The line held requests of class `slo` wait in for `model` (first come, first
         re-checked: an asyncio.Lock wakes its waiters in order)."""
-        return self._hold_lines.setdefault((model, slo), asyncio.Lock())
+        return self._recheck_lines.setdefault((model, slo), asyncio.Lock())
 
     def is_alias(self, name: str) -> bool:
         return name in self.settings.aliases

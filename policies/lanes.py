@@ -161,7 +161,7 @@ class Flight:
         return wait
 
     @contextlib.contextmanager
-    def in_line(self) -> Iterator[None]:
+    def waiting_for_recheck(self) -> Iterator[None]:
         """It waits for its turn to be re-checked behind a held request of its class (the
         gateway re-checks one at a time per engine, gateway/lifecycle/run.py): still held,
         its own hold's end passed or not, so newcomers are not predicted to queue behind it

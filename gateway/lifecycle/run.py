@@ -143,8 +143,8 @@ async def _route_hold(job: Job, flight: Flight, router: Router, *, checked: bool
         await until_due()
         if not flight.hold_again():
             return
-    line = router.hold_line(job.served.name, "" if job.route is None else job.route.slo)
-    with flight.in_line():  # held until its turn, its hold's end passed or not
+    line = router.recheck_line(job.served.name, "" if job.route is None else job.route.slo)
+    with flight.waiting_for_recheck():  # held until its turn, its hold's end passed or not
         while True:
             try:
                 await asyncio.wait_for(line.acquire(), timeout=0.25)

@@ -305,7 +305,7 @@ def test_a_held_request_waiting_its_turn_to_be_rechecked_is_still_held() -> None
     a = model.lanes["a"]
     summary = model.start_flight("a", range(16_000), 1000, None, info("a", "batch", ttft_s=None, hold_s=1.0))
     clock.now = 2.0  # its hold is over
-    with summary.in_line():
+    with summary.waiting_for_recheck():
         assert a.ahead() == []
         waiting = a.predict_tokens(1_000, 0, 300).ttft_s
     assert summary.not_before == 1.0 and a.ahead() == [summary]

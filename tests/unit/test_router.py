@@ -150,7 +150,7 @@ async def test_requests_held_in_line_stay_held_until_their_turn(router: Router) 
     assert isinstance(info, RouteInfo)
     flight = router.start_flight("big", range(1_000), 100, None, dataclasses.replace(info, hold_s=1.0))
     job = cast(Job, SimpleNamespace(served=router.served["big"], route=info))
-    line = router.hold_line("big", "batch")
+    line = router.recheck_line("big", "batch")
     await line.acquire()  # another request of its class is being re-checked
     waiting = asyncio.ensure_future(_route_hold(job, flight, router, checked=True))
     router.served["big"].engine.now = 5.0  # type: ignore[attr-defined]
