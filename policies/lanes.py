@@ -68,7 +68,7 @@ class Harm:
 
     reason: str = ""  # empty: it pushes none past its objective
     clears_s: float = 0.0  # seconds until the last one it would push is done
-    crowding: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
+    slack_taken: float = 0.0  # the largest share of one's slack it would take (>= 1: harmed)
 
 
 @dataclass(eq=False)
@@ -555,7 +555,7 @@ class Lane:
         """What sending a new request here now would do to the requests already here: its
         prefill stalls their decodes (chunked prefill: about one token per chunk). Those it
         would push past their TPOT objective are harmed, and with a chunk cap so are those still
-        to prefill that its chunks would push past their TTFT objective; `crowding` is the
+        to prefill that its chunks would push past their TTFT objective; `slack_taken` is the
         largest share of any one's TPOT slack it would take. A box-mate's requests are not
         counted: while it runs, the new request only slows them by the turns it takes on the
         GPU, and turning a chat away to spare them costs more than it saves (docs/routing.md)."""
@@ -565,7 +565,7 @@ class Lane:
         now = self.clock()
         hurt = 0
         clears = 0.0  # when the last request it would hurt is done
-        crowding = 0.0
+        slack_taken = 0.0
         here = self.ahead()  # a held request is no victim: it is checked again when its hold ends
         # Prompt tokens still to prefill before each request here and after it (but `skip`),
         # counted once: per request they would make this quadratic in the requests here.
@@ -585,7 +585,7 @@ class Lane:
             remaining = self.with_mates(f.remaining_s(step) + self.prefill_s(after[n - 1 - i]), step, turns)
             slack = f.tpot_objective * (f.output_tokens - 1) - decoded - remaining
             if slack >= 0:
-                crowding = max(crowding, stall / slack if slack else math.inf)
+                slack_taken = max(slack_taken, stall / slack if slack else math.inf)
             if 0 <= slack < stall:  # it tips this one over
                 hurt += 1
                 clears = max(clears, self.until_first_token(f, now, before[i]) + remaining)
@@ -603,13 +603,13 @@ class Lane:
                     late += 1
                     clears = max(clears, left)
         if not (hurt or late):
-            return Harm(crowding=crowding)
+            return Harm(slack_taken=slack_taken)
         why = " and ".join(
             f"it would push {n} running request{'s' if n > 1 else ''} past their {what} objective"
             for n, what in ((late, "TTFT"), (hurt, "TPOT"))
             if n
         )
-        return Harm(why, clears, crowding)
+        return Harm(why, clears, slack_taken)
 
     def hold_again(self, flight: Flight) -> float:
         """At the end of `flight`'s hold: seconds more to hold it (0: send it now). It is held

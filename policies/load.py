@@ -139,7 +139,7 @@ class LoadModel:
                     lane.spec.healthy(),
                     harms=harm.reason,
                     harm_clears_s=harm.clears_s,
-                    crowding=harm.crowding,
+                    slack_taken=harm.slack_taken,
                     reserve_s=reserve.wait_s,
                     reserve_why=reserve.why,
                     reserve_costs=reserve.costs,

@@ -22,7 +22,7 @@ from policies.latency import Prediction
 # `fast` takes the model done soonest among those that would take at most this share of any
 # running request's slack: a long prompt sent where a document is decoding would leave it
 # no margin for the next, so another model that meets the SLO is better (docs/routing.md).
-CROWDING = 0.5
+MAX_SLACK_TAKEN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +72,8 @@ class Candidate:
     harm_clears_s: float | None = None
     # The largest share of a running request's remaining slack (time it can still lose and
     # meet its objective) sending it here would take: >= 1 harms. `fast` passes over a
-    # candidate that would take more than CROWDING of it when another would not.
-    crowding: float = 0.0
+    # candidate that would take more than MAX_SLACK_TAKEN of it when another would not.
+    slack_taken: float = 0.0
     # Seconds to hold it so as not to take a reserved SLO class's capacity here (0: it takes
     # none) and what holding keeps. Unlike a harm, a wish: a request that cannot wait that
     # long is sent now, unless that costs at least one request of that class
@@ -163,7 +163,7 @@ def choose(
             return NoRoute(f"{requested} would miss the {slo.name} objective ({why})", _wait(live, slo))
         order = [c for c in live if c.model != requested]
     elif strategy == "fast":
-        order = sorted(live, key=lambda c: (c.crowding > CROWDING, c.prediction.total_s(output_tokens)))
+        order = sorted(live, key=lambda c: (c.slack_taken > MAX_SLACK_TAKEN, c.prediction.total_s(output_tokens)))
     else:
         order = list(live)
     passed: list[str] = []

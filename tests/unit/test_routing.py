@@ -93,12 +93,12 @@ def test_an_explicit_model_can_be_held_too() -> None:
 
 
 def test_fast_passes_over_a_candidate_that_would_crowd_a_running_request() -> None:
-    quick = Candidate("qwen3.6-35b-a3b", Prediction(10.0, 0.006), crowding=0.8)  # would take 80% of one's slack
-    slower = Candidate("flash-next", Prediction(20.0, 0.018), crowding=0.1)
+    quick = Candidate("qwen3.6-35b-a3b", Prediction(10.0, 0.006), slack_taken=0.8)  # would take 80% of one's slack
+    slower = Candidate("flash-next", Prediction(20.0, 0.018), slack_taken=0.1)
     r = choose("fast", [slower, quick], DOCUMENT, 300, aliases=ALIASES)
     assert isinstance(r, Route) and r.model == "flash-next"
     # When every candidate would crowd someone, the soonest done still wins.
-    crowded = Candidate("flash-next", Prediction(20.0, 0.018), crowding=0.9)
+    crowded = Candidate("flash-next", Prediction(20.0, 0.018), slack_taken=0.9)
     r = choose("fast", [crowded, quick], DOCUMENT, 300, aliases=ALIASES)
     assert isinstance(r, Route) and r.model == "qwen3.6-35b-a3b"
 
