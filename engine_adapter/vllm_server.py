@@ -19,7 +19,7 @@ Before serving, the server's tokenizer is checked against the local one on a pro
 The pool's blocks are counted as one full-attention group: exact for a dense model. The
 server does not publish its layer groups, so a hybrid model's footprint (its linear-attention
 state blocks) is not seen here. For exact claims between several gateways, or hybrid models,
-`sparkgate engine-host` is the engine to use (README "Engines on another box").
+`sparkgate engine-host` is the engine to use (docs/guide/engines.md).
 """
 
 from __future__ import annotations

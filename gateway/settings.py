@@ -72,7 +72,7 @@ class ServerSettings(_Model):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # text: for a console; json: one JSON object a line, every logger's (README "Logs").
+    # text: for a console; json: one JSON object a line, every logger's (docs/guide/dashboard-metrics.md).
     log_format: Literal["text", "json"] = "text"
     # uvicorn's access line as well: `sparkgate.request` already has one line per request with
     # more in it, and a second line costs CPU on every short request.
