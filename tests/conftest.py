@@ -190,6 +190,21 @@ def launch(
         yield server
 
 
+def config_launch(cfg: dict[str, Any], tmp: Path, **kw: Any) -> Launch:
+    """A `Launch` of `cfg` (a dict, e.g. from tests.configs.shipped_config) on its
+    `server.port`, written to and logging into `tmp`."""
+    from tests.configs import write_config
+
+    return Launch(write_config(cfg, tmp), tmp / "server.log", cfg["server"]["port"], **kw)
+
+
+@contextlib.contextmanager
+def serve(cfg: dict[str, Any], tmp: Path, **kw: Any) -> Iterator[Server]:
+    """`sparkgate serve` on `cfg` (a dict) until the block exits: see `config_launch`."""
+    with launch_all(config_launch(cfg, tmp, **kw)) as (server,):
+        yield server
+
+
 @contextlib.contextmanager
 def launch_all(*launches: Launch) -> Iterator[list[Server]]:
     """Start every server at once, then wait until each is ready: servers whose engines sit
@@ -349,12 +364,12 @@ REPLAY_AGENTS = "replay-agents"
 AGENT_MAX_LEN = 131072
 
 
-def replay_config(tmp: Path, port: int) -> Path:
+def replay_dict(port: int = 0) -> dict[str, Any]:
     """Replay engines (engine_adapter/replay.py): recorded Qwen turns, no model weights."""
     from gateway.settings import hash_key
 
     path = str(MODELS / "tiny-qwen3")
-    cfg = {
+    return {
         "server": server_section(port),
         "auth": {"required": True, "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}]},
         "models": [
@@ -363,17 +378,67 @@ def replay_config(tmp: Path, port: int) -> Path:
             {"name": REPLAY_AGENTS, "engine": "replay", "path": path, "max_model_len": AGENT_MAX_LEN},
         ],
     }
+
+
+def replay_config(tmp: Path, port: int) -> Path:
     out = tmp / "sparkgate-replay.yaml"
-    out.write_text(yaml.safe_dump(cfg))
+    out.write_text(yaml.safe_dump(replay_dict(port)))
     return out
 
 
 @pytest.fixture(scope="session")
 def replay_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The replay config behind a real server (a subprocess on a port): for what needs a socket
+    (a client that hangs up, a coding agent's CLI, uvicorn's own behaviour); else `replay_app`."""
     tmp = tmp_path_factory.mktemp("replay")
     port = free_port()
     with launch(replay_config(tmp, port), tmp / "server.log", port) as srv:
         yield srv
+
+
+@dataclass(frozen=True)
+class App:
+    """The gateway's ASGI app in this process (`gateway.app.create_app`), no server and no port:
+    it starts in about a second where a `sparkgate serve` subprocess takes several. `http` is an
+    httpx.Client (Starlette's TestClient) that sends every request straight to the app; an SDK
+    takes it as its `http_client` (`sdk`). A streamed answer arrives whole, so what needs a real
+    socket (a client that hangs up mid-stream, a CLI, uvicorn's logs) uses a server instead."""
+
+    http: httpx.Client
+    base_url: str = "http://testserver"
+
+    @property
+    def api(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def sdk(self, key: str = API_KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.api, api_key=key, http_client=self.http, max_retries=0)
+
+    def stats(self, key: str = API_KEY) -> dict:  # type: ignore[type-arg]
+        r = self.http.get("/sparkgate/stats", headers={"Authorization": f"Bearer {key}"})
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def in_process(cfg: dict[str, Any]) -> Iterator[App]:
+    """The gateway on config `cfg` (a dict, e.g. from tests.configs.shipped_config) in this
+    process, its engines started, until the block exits."""
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    # As a server would answer: an error in the app is a 500, not an exception in the test.
+    with TestClient(create_app(Settings(**cfg)), raise_server_exceptions=False) as http:
+        yield App(http)
+
+
+@pytest.fixture(scope="module")
+def replay_app() -> Iterator[App]:
+    """`replay_server`'s config (the replay engines, API_KEY) in this process: see `App`."""
+    with in_process(replay_dict()) as app:
+        yield app
 
 
 @pytest.fixture(scope="session")

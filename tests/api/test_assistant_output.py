@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
-from tests.conftest import API_KEY, MODELS, REPLAY, REPLAY_XML, Server
+from tests.conftest import API_KEY, MODELS, REPLAY, REPLAY_XML, App
 
 WEATHER: dict[str, Any] = {
     "type": "function",
@@ -28,8 +27,8 @@ WEATHER: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def client(replay_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=replay_server.api, api_key=API_KEY, max_retries=0, timeout=60)
+def client(replay_app: App) -> openai.OpenAI:
+    return replay_app.sdk()
 
 
 def ask(name: str) -> list[dict[str, Any]]:
@@ -187,18 +186,17 @@ def test_a_tool_loop_sends_the_result_back(client: openai.OpenAI) -> None:
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
 
 
-def test_past_reasoning_is_accepted_back(replay_server: Server) -> None:
+def test_past_reasoning_is_accepted_back(replay_app: App) -> None:
     """Clients send the reasoning they got back with the answer: either name is taken."""
     messages = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
         {"role": "user", "content": "again"},
     ]
-    r = httpx.post(
-        f"{replay_server.api}/chat/completions",
+    r = replay_app.http.post(
+        "/v1/chat/completions",
         json={"model": REPLAY, "messages": messages},
         headers={"Authorization": f"Bearer {API_KEY}"},
-        timeout=60,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == recordings.ANSWER
 

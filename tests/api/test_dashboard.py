@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.conftest import ROOT, Server, free_port, launch
+from tests.configs import EVERY, shipped_config
+from tests.conftest import Server, serve
 
 CHROMIUM = Path("/usr/bin/chromium")
 USER_KEY = "sk-sparkgate-dev"  # the config's demo user key
@@ -42,16 +42,8 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp_path = tmp_path_factory.mktemp("dashboard-sim")
-    cfg = yaml.safe_load((ROOT / "config/sim-dgx-spark.yaml").read_text())
-    port = free_port()
-    cfg["server"].update(port=port, cache_dir=str(ROOT / ".cache"))
-    cfg["base_dir"] = str(ROOT)
-    for m in cfg["models"]:
-        m["simulated"]["speedup"] = SPEEDUP
-    path = tmp_path / "sim.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp_path / "sim.log", port) as server:
+    cfg = shipped_config("sim-dgx-spark", models={EVERY: {"simulated": {"speedup": SPEEDUP}}})
+    with serve(cfg, tmp_path_factory.mktemp("dashboard-sim")) as server:
         yield server
 
 

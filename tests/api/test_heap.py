@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gateway.app import create_app
 from gateway.engine_host import create_host_app
 from gateway.settings import Settings
-from tests.conftest import MODELS
+from tests.conftest import MODELS, in_process
 
-
-def replay_settings() -> Settings:
-    return Settings(
-        auth={"required": False}, models=[{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}]
-    )
+CONFIG: dict[str, Any] = {
+    "auth": {"required": False},
+    "models": [{"name": "replay", "engine": "replay", "path": str(MODELS / "tiny-qwen3")}],
+}
 
 
 class _Node:
@@ -25,17 +24,16 @@ class _Node:
 
 
 def test_the_start_up_heap_is_frozen_while_serving_and_unfrozen_after() -> None:
-    settings = replay_settings()
     gc.disable()  # else a young-generation pass could free the cycle before the start does
     try:
         garbage = _Node()
         gone = weakref.ref(garbage)
         del garbage
-        with TestClient(create_app(settings)) as client:
+        with in_process(CONFIG) as app:
             # Collected before the freeze: garbage frozen would never be freed.
             assert gone() is None
             assert gc.get_freeze_count() > 10_000  # the modules, the app, the tokenizer
-            r = client.post(
+            r = app.http.post(
                 "/v1/chat/completions",
                 json={"model": "replay", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
             )
@@ -46,7 +44,6 @@ def test_the_start_up_heap_is_frozen_while_serving_and_unfrozen_after() -> None:
 
 
 def test_an_engine_host_freezes_its_heap_too() -> None:
-    settings = replay_settings()
-    with TestClient(create_host_app(settings, "heap-test-token")):
+    with TestClient(create_host_app(Settings(**CONFIG), "heap-test-token")):
         assert gc.get_freeze_count() > 10_000
     assert gc.get_freeze_count() == 0

@@ -9,12 +9,11 @@ import json
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
-from tests.conftest import API_KEY, REPLAY, REPLAY_AGENTS, Server
+from tests.conftest import API_KEY, REPLAY, REPLAY_AGENTS, App
 
 WEATHER: Any = {
     "name": "get_weather",
@@ -27,8 +26,12 @@ ANSWER = ANSWER.lstrip("\n")
 
 
 @pytest.fixture(scope="module")
-def client(replay_server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=replay_server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+def client(replay_app: App) -> anthropic.Anthropic:
+    return sdk(replay_app, API_KEY)
+
+
+def sdk(app: App, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=app.base_url, api_key=key, http_client=app.http, max_retries=0, timeout=60)
 
 
 def ask(name: str) -> list[Any]:
@@ -47,7 +50,7 @@ def test_create_answers_with_a_text_block(client: anthropic.Anthropic) -> None:
     assert m.usage.output_tokens > 0 and billed(m.usage) > 0
 
 
-def test_system_string_and_blocks_render_the_same(client: anthropic.Anthropic, replay_server: Server) -> None:
+def test_system_string_and_blocks_render_the_same(client: anthropic.Anthropic, replay_app: App) -> None:
     def count(system: Any) -> int:
         return client.messages.count_tokens(model=REPLAY, system=system, messages=ask("answer")).input_tokens
 
@@ -84,9 +87,9 @@ def test_thinking_enabled_is_answered_as_a_thinking_block(client: anthropic.Anth
     assert final.content[0].thinking == REASONING  # type: ignore[union-attr]
 
 
-def test_thinking_is_off_unless_asked_and_its_text_omitted_on_request(replay_server: Server) -> None:
+def test_thinking_is_off_unless_asked_and_its_text_omitted_on_request(replay_app: App) -> None:
     def prompt_text(body: dict[str, Any]) -> int:
-        r = httpx.post(f"{replay_server.api}/messages/count_tokens", json=body, headers={"x-api-key": API_KEY})
+        r = replay_app.http.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": API_KEY})
         assert r.status_code == 200, r.text
         return int(r.json()["input_tokens"])
 
@@ -95,7 +98,7 @@ def test_thinking_is_off_unless_asked_and_its_text_omitted_on_request(replay_ser
     assert prompt_text(base | {"thinking": {"type": "disabled"}}) == off
     assert prompt_text(base | {"thinking": {"type": "adaptive"}}) != off  # the template's switch
     body = base | {"max_tokens": 500, "messages": ask("think"), "thinking": {"type": "adaptive", "display": "omitted"}}
-    r = httpx.post(f"{replay_server.api}/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    r = replay_app.http.post("/v1/messages", json=body, headers={"x-api-key": API_KEY})
     thinking, text = r.json()["content"]
     assert thinking == {"type": "thinking", "thinking": "", "signature": ""} and text["text"] == ANSWER
 
@@ -171,21 +174,19 @@ def test_stop_sequences_and_max_tokens_stop_reasons(client: anthropic.Anthropic)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
-def test_an_agent_s_request_fits_a_long_context(client: anthropic.Anthropic, replay_server: Server) -> None:
+def test_an_agent_s_request_fits_a_long_context(client: anthropic.Anthropic, replay_app: App) -> None:
     """Claude Code asks 32,000 output tokens on every request; Codex sets no limit at all, so
     its request reserves the whole context."""
     m = client.messages.create(model=REPLAY_AGENTS, max_tokens=32000, messages=ask("answer"))
     assert m.content[0].text == recordings.ANSWER  # type: ignore[union-attr]
     body = {"model": REPLAY_AGENTS, "input": "hi"}
-    r = httpx.post(f"{replay_server.api}/responses", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    r = replay_app.http.post("/v1/responses", json=body, headers={"x-api-key": API_KEY})
     assert r.status_code == 200, r.text
 
 
-def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_server: Server) -> None:
+def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_app: App) -> None:
     with pytest.raises(anthropic.AuthenticationError) as auth:
-        anthropic.Anthropic(base_url=replay_server.base_url, api_key="sk-wrong", max_retries=0).messages.create(
-            model=REPLAY, max_tokens=10, messages=ask("answer")
-        )
+        sdk(replay_app, "sk-wrong").messages.create(model=REPLAY, max_tokens=10, messages=ask("answer"))
     body: Any = auth.value.body
     assert body["type"] == "error" and body["error"]["type"] == "authentication_error" and body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as missing:
@@ -200,17 +201,17 @@ def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_server:
         client.messages.create(model=REPLAY, max_tokens=10, messages=blocks)
     assert "'image' is not supported" in img.value.message
     no_max = {"model": REPLAY, "messages": ask("answer")}
-    r = httpx.post(f"{replay_server.api}/messages", json=no_max, headers={"x-api-key": API_KEY})
+    r = replay_app.http.post("/v1/messages", json=no_max, headers={"x-api-key": API_KEY})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in r.json()["error"]["message"]
-    r = httpx.post(f"{replay_server.api}/messages", content=b"{not json", headers={"x-api-key": API_KEY})
+    r = replay_app.http.post("/v1/messages", content=b"{not json", headers={"x-api-key": API_KEY})
     assert r.status_code == 400 and r.json()["type"] == "error"
 
 
-def test_bearer_and_x_api_key_and_the_base_url_answer(replay_server: Server) -> None:
+def test_bearer_and_x_api_key_and_the_base_url_answer(replay_app: App) -> None:
     body = {"model": REPLAY, "max_tokens": 50, "messages": ask("answer")}
     for headers in ({"x-api-key": API_KEY}, {"Authorization": f"Bearer {API_KEY}"}):
-        r = httpx.post(f"{replay_server.api}/messages?beta=true", json=body, headers=headers, timeout=60)
+        r = replay_app.http.post("/v1/messages?beta=true", json=body, headers=headers)
         assert r.status_code == 200, r.text
-    assert httpx.head(replay_server.base_url + "/").status_code == 200
-    assert httpx.get(replay_server.base_url + "/").status_code == 200
+    assert replay_app.http.head("/").status_code == 200
+    assert replay_app.http.get("/").status_code == 200

@@ -13,7 +13,7 @@ import pytest
 
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
-from tests.conftest import API_KEY, REPLAY, REPLAY_XML, Server
+from tests.conftest import REPLAY, REPLAY_XML, App
 
 WEATHER: Any = {
     "type": "function",
@@ -30,8 +30,8 @@ ANSWER = ANSWER.lstrip("\n")
 
 
 @pytest.fixture(scope="module")
-def client(replay_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=replay_server.api, api_key=API_KEY, max_retries=0, timeout=60)
+def client(replay_app: App) -> openai.OpenAI:
+    return replay_app.sdk()
 
 
 def ask(name: str) -> str:

@@ -1,60 +1,40 @@
 """The whole gateway on config/sim-dgx-spark.yaml: three simulated DGX Spark engines
-(the box model), routed by latency SLO, through the real openai SDK."""
+(the box model), routed by latency SLO, through the real openai SDK (the app in this process)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
-import yaml
 
-from tests.conftest import ROOT, Launch, Server, free_port, server_pool
+from tests.configs import EVERY, shipped_config
+from tests.conftest import App, in_process
 
 KEY = "sk-sparkgate-dev"  # the config's demo key: interactive by default, may substitute
 SPEEDUP = 50.0
 MESSAGES = [{"role": "user", "content": "What is a DGX Spark?"}]
 
 
-# A server per test: the router learns from what it observes, and at 50x speed-up a loaded
+# An app per test: the router learns from what it observes, and at 50x speed-up a loaded
 # machine's scheduling delays become seconds of box time, so one test's traffic must not
-# teach the router what the next test's routes see. Started together up front.
-@pytest.fixture(scope="module")
-def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Iterator[Server]]:
-    def make() -> Launch:
-        tmp = tmp_path_factory.mktemp("sim")
-        cfg = yaml.safe_load((ROOT / "config/sim-dgx-spark.yaml").read_text())
-        port = free_port()
-        cfg["server"].update(port=port, cache_dir=str(ROOT / ".cache"))
-        cfg["base_dir"] = str(ROOT)
-        for m in cfg["models"]:
-            m["simulated"]["speedup"] = SPEEDUP
-        path = tmp / "sim.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        return Launch(path, tmp / "sim.log", port)
-
-    with server_pool(request, "sim", make) as pool:
-        yield pool
-
-
+# teach the router what the next test's routes see. In this process: each starts in a second.
 @pytest.fixture
-def sim(servers: Iterator[Server]) -> Server:
-    return next(servers)
+def sim() -> Iterator[App]:
+    with in_process(shipped_config("sim-dgx-spark", models={EVERY: {"simulated": {"speedup": SPEEDUP}}})) as app:
+        yield app
 
 
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api, api_key=KEY, max_retries=0)
+def client(app: App) -> openai.OpenAI:
+    return app.sdk(KEY)
 
 
-def routing_stats(server: Server) -> dict[str, Any]:
-    r = httpx.get(f"{server.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    r.raise_for_status()
-    return r.json()["routing"]  # type: ignore[no-any-return]
+def routing_stats(app: App) -> dict[str, Any]:
+    return app.stats(KEY)["routing"]  # type: ignore[no-any-return]
 
 
-def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(sim: Server) -> None:
+def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(sim: App) -> None:
     def ask(model: str) -> Any:
         return client(sim).chat.completions.with_raw_response.create(
             model=model,
@@ -77,7 +57,7 @@ def test_auto_takes_the_class_preference_and_best_the_best_model_on_an_idle_box(
     assert raw.parse().model == "qwen3.8-27b"
 
 
-def test_fast_streams_from_the_fastest_model(sim: Server) -> None:
+def test_fast_streams_from_the_fastest_model(sim: App) -> None:
     with client(sim).chat.completions.with_streaming_response.create(
         model="fast",
         messages=MESSAGES,  # type: ignore[arg-type]
@@ -90,7 +70,7 @@ def test_fast_streams_from_the_fastest_model(sim: Server) -> None:
     assert events[-1] == "data: [DONE]" and len(events) > 3
 
 
-def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: Server) -> None:
+def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: App) -> None:
     doc = [{"role": "user", "content": "Summarize: " + "lorem ipsum dolor sit amet " * 9000}]  # ~45K tokens
     with pytest.raises(openai.RateLimitError) as err:
         client(sim).chat.completions.create(model="auto", messages=doc, max_tokens=16)  # type: ignore[arg-type]
@@ -121,7 +101,7 @@ def test_a_long_document_cannot_be_interactive_but_can_be_a_document(sim: Server
     assert best.headers["x-sparkgate-route"] == "best: meets document"
 
 
-def test_stats_show_routing(sim: Server) -> None:
+def test_stats_show_routing(sim: App) -> None:
     client(sim).chat.completions.create(model="auto", messages=MESSAGES, max_tokens=4)  # type: ignore[arg-type]
     routing = routing_stats(sim)
     assert set(routing["models"]) == {"qwen3.8-27b", "qwen3.8-flash-next", "qwen3.6-35b-a3b"}

@@ -6,23 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from tests.conftest import API_KEY, REPLAY, Server
+from tests.conftest import API_KEY, REPLAY, App
 
 HI: Any = [{"role": "user", "content": "hi"}]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def client(replay_server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=replay_server.api, api_key=API_KEY, max_retries=0, timeout=60)
+def client(replay_app: App) -> openai.OpenAI:
+    return replay_app.sdk()
 
 
-def test_version_answers_like_vllm_s(replay_server: Server) -> None:
-    r = httpx.get(f"{replay_server.base_url}/version", timeout=30)
+def test_version_answers_like_vllm_s(replay_app: App) -> None:
+    r = replay_app.http.get("/version")
     assert r.status_code == 200
     body = r.json()
     assert body["version"].startswith("0.") and body["sparkgate"]  # vLLM's version, then ours
@@ -37,20 +36,18 @@ def test_system_fingerprint_is_a_string(client: openai.OpenAI) -> None:
     assert isinstance(done.system_fingerprint, str)
 
 
-def test_service_tier_is_one_of_openai_s(client: openai.OpenAI, replay_server: Server) -> None:
+def test_service_tier_is_one_of_openai_s(client: openai.OpenAI, replay_app: App) -> None:
     assert client.chat.completions.create(model=REPLAY, messages=HI, max_tokens=4, service_tier="auto").choices
     body = {"model": REPLAY, "messages": HI, "max_tokens": 4, "service_tier": ""}
-    r = httpx.post(f"{replay_server.api}/chat/completions", json=body, headers=AUTH, timeout=30)
+    r = replay_app.http.post("/v1/chat/completions", json=body, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "service_tier"
-    r = httpx.post(
-        f"{replay_server.api}/responses", json={"model": REPLAY, "input": "hi", "service_tier": "x"}, headers=AUTH
-    )
+    r = replay_app.http.post("/v1/responses", json={"model": REPLAY, "input": "hi", "service_tier": "x"}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["param"] == "service_tier"
 
 
-def test_a_method_the_url_does_not_take_is_405_with_allow(replay_server: Server) -> None:
+def test_a_method_the_url_does_not_take_is_405_with_allow(replay_app: App) -> None:
     for method in ("TRACE", "PUT", "GET"):
-        r = httpx.request(method, f"{replay_server.api}/chat/completions", headers=AUTH, timeout=30)
+        r = replay_app.http.request(method, "/v1/chat/completions", headers=AUTH)
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert r.json()["error"]["code"] == "method_not_allowed"
 
