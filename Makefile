@@ -23,7 +23,7 @@ export HF_HOME := $(CURDIR)/.cache/hf
 export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: setup models agents serve check test lint docs clean lock lock-check
+.PHONY: setup models agents serve check test test-one lint docs clean lock lock-check
 
 setup: $(STAMP)
 
@@ -89,6 +89,12 @@ check: models lint docs
 # Everything: what CI runs.
 test: models lint docs
 	$(PY) -m pytest -q tests $(ORDER) $(COVER)
+
+# One module, class or test, without lint or the coverage gate; T takes pytest's own arguments:
+#   make test-one T=tests/api/test_chat.py      make test-one T="tests/unit/test_kv.py -k share"
+test-one: models
+	$(if $(T),,$(error say which: make test-one T=tests/api/test_x.py))
+	$(PY) -m pytest -q $(T) $(ORDER)
 
 clean:
 	rm -rf $(VENV) models .cache .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
