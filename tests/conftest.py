@@ -91,6 +91,7 @@ class Server:
     base_url: str
     log_path: Path
     proc: subprocess.Popen[bytes]
+    config: Path | None = None  # what it serves
 
     @property
     def api(self) -> str:
@@ -205,44 +206,139 @@ def serve(cfg: dict[str, Any], tmp: Path, **kw: Any) -> Iterator[Server]:
         yield server
 
 
+@dataclass
+class _Started:
+    """One server process `launch_all` or the fleet started, and its log file."""
+
+    spec: Launch
+    proc: subprocess.Popen[bytes]
+    log: Any
+    server: Server | None = None
+
+
+def _start(spec: Launch) -> _Started:
+    log = spec.log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", spec.command, "--config", str(spec.config)],
+        cwd=ROOT,
+        env=None if spec.env is None else {**os.environ, **spec.env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # Its own process group (killpg below), but the same session: on this kernel a busy
+        # engine in another session (autogroup) can stall the test client for seconds.
+        process_group=0,
+    )
+    return _Started(spec, proc, log)
+
+
+def _ready(started: _Started, deadline: float) -> Server:
+    started.server = _wait_ready(started.spec, started.proc, deadline)
+    _live_logs.append(started.spec.log_path)
+    return started.server
+
+
+def _stop_all(started: list[_Started]) -> None:
+    for one in started:
+        if one.server is not None:
+            _live_logs.remove(one.spec.log_path)
+    # The first SIGINT drains (gateway/drain.py): requests a test left running may go on
+    # for the grace; a second one aborts them, so a teardown never waits that out.
+    for one in started:
+        with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
+            os.killpg(one.proc.pid, signal.SIGINT)
+    for one in started:
+        _stop(one.proc)
+        one.log.close()
+        if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
+            print(one.spec.log_path.read_text()[-3000:])
+
+
 @contextlib.contextmanager
 def launch_all(*launches: Launch) -> Iterator[list[Server]]:
     """Start every server at once, then wait until each is ready: servers whose engines sit
     on different cores start side by side, not one after another."""
-    started: list[tuple[Launch, subprocess.Popen[bytes], Any]] = []
-    servers: list[Server] = []
+    started: list[_Started] = []
     try:
-        for spec in launches:
-            log = spec.log_path.open("wb")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", spec.command, "--config", str(spec.config)],
-                cwd=ROOT,
-                env=None if spec.env is None else {**os.environ, **spec.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Its own process group (killpg below), but the same session: on this kernel a busy
-                # engine in another session (autogroup) can stall the test client for seconds.
-                process_group=0,
-            )
-            started.append((spec, proc, log))
+        started.extend(_start(spec) for spec in launches)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for spec, proc, _ in started:
-            servers.append(_wait_ready(spec, proc, deadline))
-            _live_logs.append(spec.log_path)
-        yield servers
+        yield [_ready(one, deadline) for one in started]
     finally:
-        for server in servers:
-            _live_logs.remove(server.log_path)
-        # The first SIGINT drains (gateway/drain.py): requests a test left running may go on
-        # for the grace; a second one aborts them, so a teardown never waits that out.
-        for _, proc, _ in started:
-            with contextlib.suppress(ProcessLookupError):  # a test may have killed it already
-                os.killpg(proc.pid, signal.SIGINT)
-        for spec, proc, log in started:
-            _stop(proc)
-            log.close()
-            if os.environ.get("SPARKGATE_TEST_SHOW_LOG"):
-                print(spec.log_path.read_text()[-3000:])
+        _stop_all(started)
+
+
+# A module's servers that the session starts side by side with every other module's (`fleet`):
+# a module-level function `side_by_side(request, tmp) -> list[Launch]`, the module's servers.
+SIDE_BY_SIDE = "side_by_side"
+
+
+class Fleet:
+    """The servers of every module this session runs that has a `side_by_side` function,
+    started all at once and waited for together at the first module's need: a gateway's start
+    is mostly one core's work (imports, the tokenizer), so N of them side by side on 2 cores
+    take about half the time of N one after another. A module takes its own with `servers`
+    (they stop when its block exits); a server that failed to start fails only its module."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, list[_Started]] = {}
+        self._failed: dict[str, BaseException] = {}
+
+    def start(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+        items = [item for item in request.session.items if "fleet" in item.fixturenames]  # type: ignore[attr-defined]
+        for name, make_session in SESSION_SERVERS.items():  # the session's own, if a test uses them
+            if any(_uses_conftest_fixture(item, name) for item in items):
+                tmp = tmp_path_factory.mktemp(name)
+                self._started[name] = [_start(spec) for spec in make_session(tmp)]
+        for module in dict.fromkeys(item.module for item in items):  # type: ignore[attr-defined]
+            make = getattr(module, SIDE_BY_SIDE, None)
+            if make is not None:
+                tmp = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1])
+                self._started[module.__name__] = [_start(spec) for spec in make(request, tmp)]
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for name, started in self._started.items():
+            try:
+                for one in started:
+                    _ready(one, deadline)
+            except Exception as e:  # its module fails with it, not the one that asked first
+                self._failed[name] = e
+
+    @contextlib.contextmanager
+    def servers(self, module: str) -> Iterator[list[Server]]:
+        started = self._started.pop(module, None)
+        if started is None:
+            raise RuntimeError(f"{module} has no `{SIDE_BY_SIDE}` servers (or took them already)")
+        try:
+            if module in self._failed:
+                raise self._failed.pop(module)
+            yield [one.server for one in started if one.server is not None]
+        finally:
+            _stop_all(started)
+
+    def close(self) -> None:
+        for started in self._started.values():
+            _stop_all(started)
+        self._started.clear()
+
+
+def _uses_conftest_fixture(item: pytest.Item, name: str) -> bool:
+    """Does `item` use this file's fixture `name` (not a module's own of that name)?"""
+    defs = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
+    return bool(defs) and defs[-1].func.__module__ == __name__
+
+
+@pytest.fixture(scope="session")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet()
+    try:
+        fleet.start(request, tmp_path_factory)
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def wanted(request: pytest.FixtureRequest, fixture: str, module: str) -> int:
+    """How many of the session's tests in `module` (a name) use `fixture` (at least one)."""
+    items = request.session.items
+    return max(1, sum(1 for item in items if item.module.__name__ == module and fixture in item.fixturenames))  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -261,7 +357,7 @@ def _wait_ready(spec: Launch, proc: subprocess.Popen[bytes], deadline: float) ->
             raise RuntimeError(f"server exited with {proc.returncode}:\n{spec.log_path.read_text()[-5000:]}")
         try:
             if httpx.get(f"{base}{spec.health}", timeout=2).status_code == 200:
-                return Server(base_url=base, log_path=spec.log_path, proc=proc)
+                return Server(base_url=base, log_path=spec.log_path, proc=proc, config=spec.config)
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
@@ -337,13 +433,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         srv.stop()
 
 
-@contextlib.contextmanager
-def two_engine_server(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Server]:
-    """`sparkgate serve` on `server_config`: the two tiny vLLM engines, in a temp dir `name`."""
-    tmp = tmp_path_factory.mktemp(name)
+def two_engine_launch(tmp: Path) -> Launch:
+    """`sparkgate serve` on `server_config`: the two tiny vLLM engines, in `tmp`."""
     port = free_port()
-    with launch(server_config(tmp, port), tmp / "server.log", port) as srv:
-        yield srv
+    return Launch(server_config(tmp, port), tmp / "server.log", port)
 
 
 def sdk_client(server: Server) -> openai.OpenAI:
@@ -351,8 +444,10 @@ def sdk_client(server: Server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with two_engine_server(tmp_path_factory, "server") as srv:
+def server(fleet: Fleet) -> Iterator[Server]:
+    """The two tiny vLLM engines behind one server, for the whole session (started with the
+    fleet: beside the other servers it needs)."""
+    with fleet.servers("server") as (srv,):
         yield srv
 
 
@@ -387,13 +482,23 @@ def replay_config(tmp: Path, port: int) -> Path:
 
 
 @pytest.fixture(scope="session")
-def replay_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def replay_server(fleet: Fleet) -> Iterator[Server]:
     """The replay config behind a real server (a subprocess on a port): for what needs a socket
     (a client that hangs up, a coding agent's CLI, uvicorn's own behaviour); else `replay_app`."""
-    tmp = tmp_path_factory.mktemp("replay")
-    port = free_port()
-    with launch(replay_config(tmp, port), tmp / "server.log", port) as srv:
+    with fleet.servers("replay_server") as (srv,):
         yield srv
+
+
+def replay_launch(tmp: Path) -> Launch:
+    port = free_port()
+    return Launch(replay_config(tmp, port), tmp / "server.log", port)
+
+
+# The session's servers, each started with the fleet if a test of the session uses it.
+SESSION_SERVERS: dict[str, Callable[[Path], list[Launch]]] = {
+    "server": lambda tmp: [two_engine_launch(tmp)],
+    "replay_server": lambda tmp: [replay_launch(tmp)],
+}
 
 
 @dataclass(frozen=True)

@@ -12,23 +12,24 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from benchmarks.fuzz import API_KEY, MODEL, gateway_config
-from tests.conftest import Server, free_port, launch
+from tests.conftest import Fleet, Launch, Server, config_launch, free_port
 
 MAX_BODY = 65536
 MAX_MESSAGES = 16
 HI = [{"role": "user", "content": "hi"}]
 
 
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    cfg = gateway_config(free_port(), max_body_bytes=MAX_BODY, max_messages=MAX_MESSAGES)
+    return [config_launch(cfg, tmp)]
+
+
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp: Path = tmp_path_factory.mktemp("bad-input")
-    port = free_port()
-    config = tmp / "gateway.yaml"
-    config.write_text(yaml.safe_dump(gateway_config(port, max_body_bytes=MAX_BODY, max_messages=MAX_MESSAGES)))
-    with launch(config, tmp / "gateway.log", port) as srv:
+def gateway(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.configs import EVERY, shipped_config
-from tests.conftest import Server, serve
+from tests.conftest import Fleet, Launch, Server, config_launch
 
 CHROMIUM = Path("/usr/bin/chromium")
 USER_KEY = "sk-sparkgate-dev"  # the config's demo user key
@@ -40,10 +40,14 @@ ARGS = [
 ]
 
 
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    return [config_launch(shipped_config("sim-dgx-spark", models={EVERY: {"simulated": {"speedup": SPEEDUP}}}), tmp)]
+
+
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cfg = shipped_config("sim-dgx-spark", models={EVERY: {"simulated": {"speedup": SPEEDUP}}})
-    with serve(cfg, tmp_path_factory.mktemp("dashboard-sim")) as server:
+def sim(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (server,):
         yield server
 
 

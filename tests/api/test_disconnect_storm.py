@@ -28,16 +28,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
-import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import API_KEY, DENSE, MODELS, ROOT, RedisServer, Server, free_port, launch
+from tests.conftest import API_KEY, DENSE, MODELS, ROOT, Fleet, Launch, RedisServer, Server, config_launch, free_port
 
 MODEL = "storm-sim"
 SLOTS = 16  # the simulated engine's running slots (max_num_seqs)
@@ -202,9 +202,9 @@ def redis_holds(url: str, prefix: str) -> dict[str, int]:
 # -- the storm on the simulated engine ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def storm(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("storm")
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """The storm's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    redis_server: RedisServer = request.getfixturevalue("redis_server")
     port = free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
@@ -228,9 +228,12 @@ def storm(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         ],
         "admission": {"max_queued": 256, "max_queued_per_user": 256},
     }
-    path = tmp / "storm.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "server.log", port) as srv:
+    return [config_launch(cfg, tmp)]
+
+
+@pytest.fixture(scope="module")
+def storm(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from engine_adapter import recordings
-from tests.conftest import API_KEY, MODELS, ROOT, Server, free_port, launch, sdk_client
+from tests.conftest import API_KEY, MODELS, ROOT, Fleet, Launch, Server, free_port, sdk_client
 
 STEADY, SPARE, FRAGILE = "steady", "spare", "fragile"
 BACKOFF_S = 4.0  # the steady model's first restart waits this long: the test looks at the gap
@@ -48,13 +48,17 @@ def config(tmp: Path, port: int) -> Path:
     return out
 
 
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    port = free_port()
+    return [Launch(config(tmp, port), tmp / "server.log", port)]
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(fleet: Fleet) -> Iterator[Server]:
     """One gateway for the module: each test kills only its own model and asserts on that
     model's state (the fragile one stays down, so /ready stays 503 after its test)."""
-    tmp = tmp_path_factory.mktemp("restart")
-    port = free_port()
-    with launch(config(tmp, port), tmp / "server.log", port) as srv:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

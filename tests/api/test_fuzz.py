@@ -5,23 +5,24 @@ Fails on any 5xx and on any response that its document does not describe."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-import yaml
 
 from benchmarks.fuzz import OPERATIONS, fuzz, gateway_config, table
-from tests.conftest import Server, free_port, launch
+from tests.conftest import Fleet, Launch, Server, config_launch, free_port
 
 CASES = 8  # per operation and mode: 56 cases
 
 
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    return [config_launch(gateway_config(free_port()), tmp)]
+
+
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("fuzz")
-    port = free_port()
-    config = tmp / "gateway.yaml"
-    config.write_text(yaml.safe_dump(gateway_config(port)))
-    with launch(config, tmp / "gateway.log", port) as srv:
+def gateway(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_adapter.recordings import tag
 from gateway.app import create_app
 from gateway.settings import Settings, hash_key
-from tests.conftest import API_KEY, DENSE, MODELS, MOE, ROOT, Launch, Server, free_port, open_post, server_pool
+from tests.conftest import API_KEY, DENSE, MODELS, MOE, ROOT, Fleet, Launch, Server, free_port, open_post, wanted
 
 MODEL = "replay"
 ALICE, BOB = "sk-metrics-alice", "sk-metrics-bob"  # bob: 1 request per minute
@@ -66,15 +66,20 @@ def config(tmp: Path, port: int) -> Path:
 
 # A server per test: each test checks absolute counts, and which users get their own label
 # depends on who came first. Started together up front.
-@pytest.fixture(scope="module")
-def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Iterator[Server]]:
-    def make() -> Launch:
-        tmp = tmp_path_factory.mktemp("metrics")
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """A server for each test that uses `gw`, started with the session's others (`fleet`)."""
+    launches = []
+    for i in range(wanted(request, "gw", __name__)):
         port = free_port()
-        return Launch(config(tmp, port), tmp / "server.log", port)
+        (tmp / str(i)).mkdir()
+        launches.append(Launch(config(tmp / str(i), port), tmp / str(i) / "server.log", port))
+    return launches
 
-    with server_pool(request, "gw", make) as pool:
-        yield pool
+
+@pytest.fixture(scope="module")
+def servers(fleet: Fleet) -> Iterator[Iterator[Server]]:
+    with fleet.servers(__name__) as pool:
+        yield iter(pool)
 
 
 @pytest.fixture

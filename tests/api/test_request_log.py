@@ -12,15 +12,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import yaml
 
 from engine_adapter.recordings import RECORDINGS, tag
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, config_launch, free_port
 
 RUN = uuid.uuid4().hex[:12]
 KEY = f"sk-logtest-{RUN}-main"
@@ -56,11 +56,10 @@ FIELDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     from gateway.settings import hash_key
 
-    tmp = tmp_path_factory.mktemp("request-log")
     port = free_port()
     path = str(MODELS / "tiny-qwen3")
     cfg = {
@@ -94,9 +93,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         ],
         "admission": {"max_queued": 1},
     }
-    config = tmp / "sparkgate-log.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    with launch(config, tmp / "server.log", port) as server:
+    return [config_launch(cfg, tmp)]
+
+
+@pytest.fixture(scope="module")
+def gateway(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (server,):
         yield server
 
 

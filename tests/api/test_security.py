@@ -21,14 +21,13 @@ import httpx
 import httpx2
 import openai
 import pytest
-import yaml
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.settings import Settings, hash_key, load_settings
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, config_launch, free_port
 
 RUN = uuid.uuid4().hex[:10]
 ALICE = f"sk-sec-alice-{RUN}"
@@ -49,9 +48,8 @@ def fresh_address() -> str:
     return next(_addresses)
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("security")
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     cfg = {
         "server": {
             "host": "127.0.0.1",
@@ -81,16 +79,19 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
             }
         ],
     }
-    path = tmp / "security.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return [config_launch(cfg, tmp)]
 
 
 @pytest.fixture(scope="module")
-def gw(config: Path) -> Iterator[Server]:
-    port = yaml.safe_load(config.read_text())["server"]["port"]
-    with launch(config, config.parent / "server.log", port) as server:
+def gw(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (server,):
         yield server
+
+
+@pytest.fixture(scope="module")
+def config(gw: Server) -> Path:
+    assert gw.config is not None
+    return gw.config
 
 
 def http(gw: Server, source: str) -> httpx.Client:

@@ -8,12 +8,13 @@ thresholds: the machine's speed changes how many requests run, not what must hol
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from benchmarks import soak
-from tests.conftest import RedisServer, Server, free_port, launch
+from tests.conftest import Fleet, Launch, RedisServer, Server, free_port
 
 CLIENTS = 100
 SECONDS = 15
@@ -23,12 +24,17 @@ SPEEDUP = 10.0
 PREFIX = "soak:"  # this module's Redis keys (the Redis server is the session's)
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("soak")
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
+    redis_url = request.getfixturevalue("redis_server").url
     port = free_port()
-    cfg = soak.soak_config(tmp, port, redis_server.url, speedup=SPEEDUP, routing=True, redis_prefix=PREFIX)
-    with launch(cfg, tmp / "server.log", port) as srv:
+    cfg = soak.soak_config(tmp, port, redis_url, speedup=SPEEDUP, routing=True, redis_prefix=PREFIX)
+    return [Launch(cfg, tmp / "server.log", port)]
+
+
+@pytest.fixture(scope="module")
+def gateway(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 
