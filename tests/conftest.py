@@ -335,10 +335,11 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         fleet.close()
 
 
-def wanted(request: pytest.FixtureRequest, fixture: str, module: str) -> int:
-    """How many of the session's tests in `module` (a name) use `fixture` (at least one)."""
+def wanted(request: pytest.FixtureRequest, fixture: str, module: str, at_least: int = 1) -> int:
+    """How many of the session's tests in `module` (a name) use `fixture` (at least `at_least`)."""
     items = request.session.items
-    return max(1, sum(1 for item in items if item.module.__name__ == module and fixture in item.fixturenames))  # type: ignore[attr-defined]
+    uses = sum(1 for item in items if item.module.__name__ == module and fixture in item.fixturenames)  # type: ignore[attr-defined]
+    return max(at_least, uses)
 
 
 @contextlib.contextmanager

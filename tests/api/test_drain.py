@@ -12,16 +12,18 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pytest
 import redis
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, RedisServer, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Fleet, Launch, RedisServer, Server, free_port, wanted
 
 KEY = "sk-drain"
 MODEL = "sim"
@@ -64,12 +66,49 @@ def _config(tmp: Path, port: int, redis_url: str, grace_s: float, max_num_seqs: 
     return path
 
 
-def _serve(tmp: Path, redis_srv: RedisServer, grace_s: float, max_num_seqs: int) -> Any:
-    r = redis.Redis.from_url(redis_srv.url)
-    for key in r.scan_iter(f"{PREFIX}*"):  # the counters from zero (the server is the session's)
+HOST_TOKEN = "drain-host-token"
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """A gateway and an engine host, for the tests that use them, started with the session's
+    others (tests/conftest.py: `fleet`); each test drains its own to the end."""
+    launches = []
+    if wanted(request, "drained_gateway", __name__, at_least=0):
+        (tmp / "gateway").mkdir()
+        port = free_port()
+        redis_url = request.getfixturevalue("redis_server").url
+        config = _config(tmp / "gateway", port, redis_url, grace_s=300, max_num_seqs=4)
+        launches.append(Launch(config, tmp / "gateway" / "server.log", port))
+    if wanted(request, "drained_host", __name__, at_least=0):
+        (tmp / "host").mkdir()
+        port = free_port()
+        cfg = yaml.safe_load(_config(tmp / "host", port, "redis://unused", grace_s=300, max_num_seqs=4).read_text())
+        del cfg["auth"], cfg["quotas"]
+        (tmp / "host" / "host.yaml").write_text(yaml.safe_dump(cfg))
+        env = {"SPARKGATE_ENGINE_TOKEN": HOST_TOKEN}
+        launches.append(
+            Launch(tmp / "host" / "host.yaml", tmp / "host" / "host.log", port, "engine-host", "/engine/v1/health", env)
+        )
+    return launches
+
+
+@pytest.fixture(scope="module")
+def drained(fleet: Fleet) -> Iterator[dict[str, Server]]:
+    with fleet.servers(__name__) as servers:
+        yield {"host" if s.config is not None and s.config.name == "host.yaml" else "gateway": s for s in servers}
+
+
+@pytest.fixture
+def drained_gateway(drained: dict[str, Server], redis_server: RedisServer) -> Server:
+    r = redis.Redis.from_url(redis_server.url)
+    for key in r.scan_iter(f"{PREFIX}*"):  # the counters from zero (the Redis is the session's)
         r.delete(key)
-    port = free_port()
-    return launch(_config(tmp, port, redis_srv.url, grace_s, max_num_seqs), tmp / "server.log", port)
+    return drained["gateway"]
+
+
+@pytest.fixture
+def drained_host(drained: dict[str, Server]) -> Server:
+    return drained["host"]
 
 
 def _client(server: Server) -> openai.AsyncOpenAI:
@@ -137,7 +176,7 @@ def _assert_refused(r: httpx.Response) -> None:
     assert r.headers["connection"] == "close"
 
 
-def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_server: RedisServer) -> None:
+def test_sigterm_drains_then_a_second_one_aborts(drained_gateway: Server, redis_server: RedisServer) -> None:
     """Four slots: three short streams and a long one run, a fifth request queues. SIGTERM:
     the queued request and a new one get 503 at once, /ready 503, /health still 200; the
     short streams run to their end; the long one keeps the drain open until a second SIGTERM
@@ -167,8 +206,7 @@ def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_server: R
         await long.task
         return short, long, refused, await _exited(server)
 
-    with _serve(tmp_path, redis_server, grace_s=300, max_num_seqs=4) as server:
-        short, long, refused, code = asyncio.run(scenario(server))
+    short, long, refused, code = asyncio.run(scenario(drained_gateway))
     assert code == 0
     _assert_refused(refused)
     for s in short:  # whole, with their usage
@@ -187,20 +225,13 @@ def test_sigterm_drains_then_a_second_one_aborts(tmp_path: Path, redis_server: R
     assert charged - returned - long_prompt == counters["completion"] - SHORT * len(short) > 0, counters
 
 
-HOST_TOKEN = "drain-host-token"
-
-
-def test_an_engine_host_drains_too(tmp_path: Path) -> None:
+def test_an_engine_host_drains_too(drained_host: Server) -> None:
     """`sparkgate engine-host` on SIGTERM: new generate calls get 503, stats tell the
     gateways the engine takes no new work, a running stream finishes, a long one is aborted
     by the second SIGTERM (the engine's "abort" ends it); exit 0."""
     from engine_adapter.base import EngineRequest, SamplingOptions
     from engine_adapter.wire import GenerateFrame, StreamFrame
 
-    port = free_port()
-    cfg = yaml.safe_load(_config(tmp_path, port, "redis://unused", grace_s=300, max_num_seqs=4).read_text())
-    del cfg["auth"], cfg["quotas"]
-    (tmp_path / "host.yaml").write_text(yaml.safe_dump(cfg))
     headers = {
         "Authorization": f"Bearer {HOST_TOKEN}",
         "X-Sparkgate-Gateway": "gw-1",
@@ -245,9 +276,7 @@ def test_an_engine_host_drains_too(tmp_path: Path) -> None:
             long_frames = await long
         return short_frames, long_frames, await _exited(host)
 
-    env = {"SPARKGATE_ENGINE_TOKEN": HOST_TOKEN}
-    with launch(tmp_path / "host.yaml", tmp_path / "host.log", port, "engine-host", "/engine/v1/health", env) as host:
-        short, long, code = asyncio.run(scenario(host))
+    short, long, code = asyncio.run(scenario(drained_host))
     assert code == 0
     last = short[-1].chunk
     assert last is not None and last.choices[0].finish_reason == "length"
