@@ -271,38 +271,73 @@ def launch_all(*launches: Launch) -> Iterator[list[Server]]:
 SIDE_BY_SIDE = "side_by_side"
 
 
+# A module whose servers start vLLM engines says how many (`ENGINES = n`): those are not all
+# started at once (a tiny engine's server holds ~3 GiB), but in waves of at most this many
+# engines, at the first need of a wave's first module, with the modules that run after it.
+ENGINES = "ENGINES"
+WAVE_ENGINES = 2  # one per core: an engine's start is mostly one core's work
+
+
 class Fleet:
     """The servers of every module this session runs that has a `side_by_side` function,
-    started all at once and waited for together at the first module's need: a gateway's start
-    is mostly one core's work (imports, the tokenizer), so N of them side by side on 2 cores
-    take about half the time of N one after another. A module takes its own with `servers`
-    (they stop when its block exits); a server that failed to start fails only its module."""
+    started side by side and waited for together: a server's start is mostly one core's work
+    (imports, the tokenizer, an engine's load), so N of them side by side on 2 cores take
+    about half the time of N one after another. Servers without vLLM engines (and the
+    session's own) all start at the first module's need; those with engines (`ENGINES`) in
+    waves. A module takes its own with `servers` (they stop when its block exits); a server
+    that failed to start fails only its module."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._request = request
+        self._tmp = tmp_path_factory
         self._started: dict[str, list[_Started]] = {}
         self._failed: dict[str, BaseException] = {}
+        self._waiting: list[tuple[str, Any]] = []  # engine modules not started yet, in run order
 
-    def start(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
-        items = [item for item in request.session.items if "fleet" in item.fixturenames]  # type: ignore[attr-defined]
+    def start(self) -> None:
+        items = [item for item in self._request.session.items if "fleet" in item.fixturenames]  # type: ignore[attr-defined]
+        first: dict[str, Callable[[Path], list[Launch]]] = {}
         for name, make_session in SESSION_SERVERS.items():  # the session's own, if a test uses them
             if any(_uses_conftest_fixture(item, name) for item in items):
-                tmp = tmp_path_factory.mktemp(name)
-                self._started[name] = [_start(spec) for spec in make_session(tmp)]
-        for module in dict.fromkeys(item.module for item in items):  # type: ignore[attr-defined]
-            make = getattr(module, SIDE_BY_SIDE, None)
-            if make is not None:
-                tmp = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1])
-                self._started[module.__name__] = [_start(spec) for spec in make(request, tmp)]
+                first[name] = make_session
+        for module in dict.fromkeys(item.module for item in items if _uses_module_fleet(item)):  # type: ignore[attr-defined]
+            if getattr(module, SIDE_BY_SIDE, None) is None:
+                continue
+            if getattr(module, ENGINES, 0):
+                self._waiting.append((module.__name__, module))
+            else:
+                first[module.__name__] = self._maker(module)
+        self._launch(first)
+
+    def _maker(self, module: Any) -> Callable[[Path], list[Launch]]:
+        return lambda tmp: getattr(module, SIDE_BY_SIDE)(self._request, tmp)  # type: ignore[no-any-return]
+
+    def _launch(self, makers: dict[str, Callable[[Path], list[Launch]]]) -> None:
+        for name, make in makers.items():
+            self._started[name] = [_start(spec) for spec in make(self._tmp.mktemp(name.rsplit(".", 1)[-1]))]
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for name, started in self._started.items():
+        for name in makers:
             try:
-                for one in started:
+                for one in self._started[name]:
                     _ready(one, deadline)
             except Exception as e:  # its module fails with it, not the one that asked first
                 self._failed[name] = e
 
+    def _next_wave(self, module: str) -> None:
+        """`module`'s servers, with those of the engine modules that run next, up to
+        WAVE_ENGINES engines in all."""
+        at = next(i for i, (name, _) in enumerate(self._waiting) if name == module)
+        wave = [self._waiting.pop(at)]
+        engines = getattr(wave[0][1], ENGINES)
+        while at < len(self._waiting) and engines + getattr(self._waiting[at][1], ENGINES) <= WAVE_ENGINES:
+            engines += getattr(self._waiting[at][1], ENGINES)
+            wave.append(self._waiting.pop(at))
+        self._launch({name: self._maker(mod) for name, mod in wave})
+
     @contextlib.contextmanager
     def servers(self, module: str) -> Iterator[list[Server]]:
+        if module not in self._started and any(name == module for name, _ in self._waiting):
+            self._next_wave(module)
         started = self._started.pop(module, None)
         if started is None:
             raise RuntimeError(f"{module} has no `{SIDE_BY_SIDE}` servers (or took them already)")
@@ -319,6 +354,13 @@ class Fleet:
         self._started.clear()
 
 
+def _uses_module_fleet(item: pytest.Item) -> bool:
+    """Does `item` use a fixture of its own module that takes the fleet (its module's servers)?"""
+    infos = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    module = item.module.__name__  # type: ignore[attr-defined]
+    return any(defs and defs[-1].func.__module__ == module and "fleet" in defs[-1].argnames for defs in infos.values())
+
+
 def _uses_conftest_fixture(item: pytest.Item, name: str) -> bool:
     """Does `item` use this file's fixture `name` (not a module's own of that name)?"""
     defs = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
@@ -327,9 +369,9 @@ def _uses_conftest_fixture(item: pytest.Item, name: str) -> bool:
 
 @pytest.fixture(scope="session")
 def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    fleet = Fleet()
+    fleet = Fleet(request, tmp_path_factory)
     try:
-        fleet.start(request, tmp_path_factory)
+        fleet.start()
         yield fleet
     finally:
         fleet.close()

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,18 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import API_KEY, DENSE, MESSAGES_SHORT, MODELS, Server, free_port, launch, sdk_client, server_config
+from tests.conftest import (
+    API_KEY,
+    DENSE,
+    MESSAGES_SHORT,
+    MODELS,
+    Fleet,
+    Launch,
+    Server,
+    free_port,
+    sdk_client,
+    server_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -29,12 +41,11 @@ OTHER = "sim-moe"  # the model the alias moves to
 COMES_BACK_S = 600  # a vLLM engine starts in 20-35 s on 2 idle cores; far slower on a busy box
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The tiny dense vLLM engine beside a simulated one, routing on (so the `best` alias can
-    move), dense preferred. The other model only has to stay up and take the alias: a
-    simulated engine does, without a second vLLM start."""
-    tmp = tmp_path_factory.mktemp("doomed")
+ENGINES = 1  # vLLM engines its server starts (and a simulated one): the fleet starts it in a wave
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     port = free_port()
     path = server_config(tmp, port)
     cfg = yaml.safe_load(path.read_text())
@@ -54,7 +65,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         m["quality"] = 2.0 if m["name"] == DENSE else 1.0
         m["restart"] = {"backoff_s": BACKOFF_S, "max_deaths": 3}
     path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "server.log", port) as srv:
+    return [Launch(path, tmp / "server.log", port)]
+
+
+@pytest.fixture(scope="module")
+def server(fleet: Fleet) -> Iterator[Server]:
+    """The tiny dense vLLM engine beside a simulated one, routing on (so the `best` alias can
+    move), dense preferred. The other model only has to stay up and take the alias: a
+    simulated engine does, without a second vLLM start."""
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

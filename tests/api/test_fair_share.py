@@ -18,6 +18,7 @@ import asyncio
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, free_port
 
 pytestmark = pytest.mark.engine  # starts a vLLM engine
 
@@ -37,9 +38,11 @@ HEAVY_TOKENS = 200  # x 20 ms: 4 s or more per request
 PACE_S = 0.02
 
 
-@pytest.fixture(scope="module")
-def fair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("fair")
+ENGINES = 1  # vLLM engines its server starts: the fleet starts it in a wave
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     port = free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
@@ -59,7 +62,12 @@ def fair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     path = tmp / "fair.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "server.log", port) as srv:
+    return [Launch(path, tmp / "server.log", port)]
+
+
+@pytest.fixture(scope="module")
+def fair(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, free_port
 
 pytestmark = pytest.mark.engine  # starts a vLLM engine
 
@@ -29,9 +30,11 @@ KEY = "sk-flash"
 BLOCK = 1664  # Flash-Next's block with BF16 KV on the CPU build
 
 
-@pytest.fixture(scope="module")
-def flash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("flash-next")
+ENGINES = 1  # vLLM engines its server starts: the fleet starts it in a wave
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     port = free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
@@ -59,7 +62,12 @@ def flash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # The shim serves transformers' PIL image processor where vLLM's Qwen3-VL module asks
     # for the torchvision one, in the gateway and in vLLM's model-inspection subprocess.
     env = {"PYTHONPATH": str(ROOT / "benchmarks" / "cpu_shims")}
-    with launch(path, tmp / "server.log", port, env=env) as srv:
+    return [Launch(path, tmp / "server.log", port, env=env)]
+
+
+@pytest.fixture(scope="module")
+def flash(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

@@ -18,13 +18,15 @@ import random
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Server, free_port, launch, open_post
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, free_port, open_post
 
 pytestmark = pytest.mark.engine  # starts vLLM engines
 
@@ -39,11 +41,11 @@ MAX_QUEUED = 6
 PACE_S = 0.02
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    import yaml
+ENGINES = 1  # vLLM engines its server starts: the fleet starts it in a wave
 
-    tmp = tmp_path_factory.mktemp("small-kv")
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     port = free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "log_level": "info", "cache_dir": str(ROOT / ".cache")},
@@ -64,7 +66,12 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     path = tmp / "small.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "server.log", port) as srv:
+    return [Launch(path, tmp / "server.log", port)]
+
+
+@pytest.fixture(scope="module")
+def small(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
         yield srv
 
 

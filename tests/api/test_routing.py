@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, Server, free_port, launch, server_section
+from tests.conftest import MODELS, Fleet, Launch, Server, free_port, server_section
 
 KEY = "sk-route-user"
 SUBSTITUTE_KEY = "sk-route-flexible"
@@ -46,9 +47,11 @@ def _model(name: str, path: str, quality: float, core: str, **extra: Any) -> dic
     }
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("routing")
+ENGINES = 2  # vLLM engines its server starts: the fleet starts it in a wave
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """This module's server, started with the session's others (tests/conftest.py: `fleet`)."""
     port = free_port()
     second = "1" if (os.cpu_count() or 1) > 1 else "0"
     cfg = {
@@ -74,8 +77,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     }
     path = tmp / "routing.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    with launch(path, tmp / "gateway.log", port) as server:
-        yield server
+    return [Launch(path, tmp / "gateway.log", port)]
+
+
+@pytest.fixture(scope="module")
+def gateway(fleet: Fleet) -> Iterator[Server]:
+    with fleet.servers(__name__) as (srv,):
+        yield srv
 
 
 @pytest.fixture(scope="module", autouse=True)
