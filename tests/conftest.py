@@ -1,4 +1,15 @@
-"""Shared fixtures: one real sparkgate server (two real vLLM CPU engines) per session."""
+"""Shared fixtures. Which gateway a test should use, cheapest first:
+
+- `replay_app` / `in_process(cfg)`: the ASGI app in this process (replay or simulated engines),
+  no port; an SDK takes its `http` as `http_client`. For anything that needs no real socket.
+- `replay_server`: the replay config behind a real `sparkgate serve`, for the whole session
+  (coding-agent CLIs, clients that hang up mid-stream).
+- `server`: two real vLLM CPU engines behind one server, for the whole session (`engine` tests).
+- A module's own servers: a module-level `side_by_side(request, tmp) -> list[Launch]` and a
+  module fixture taking them from `fleet`, which starts every module's servers side by side
+  (`ENGINES = n` for servers with vLLM engines: those start in waves). Build configs with
+  `tests.configs.shipped_config(name, **overrides)` where a shipped config plus changes will do.
+"""
 
 from __future__ import annotations
 
@@ -199,13 +210,6 @@ def config_launch(cfg: dict[str, Any], tmp: Path, **kw: Any) -> Launch:
     return Launch(write_config(cfg, tmp), tmp / "server.log", cfg["server"]["port"], **kw)
 
 
-@contextlib.contextmanager
-def serve(cfg: dict[str, Any], tmp: Path, **kw: Any) -> Iterator[Server]:
-    """`sparkgate serve` on `cfg` (a dict) until the block exits: see `config_launch`."""
-    with launch_all(config_launch(cfg, tmp, **kw)) as (server,):
-        yield server
-
-
 @dataclass
 class _Started:
     """One server process `launch_all` or the fleet started, and its log file."""
@@ -382,15 +386,6 @@ def wanted(request: pytest.FixtureRequest, fixture: str, module: str, at_least: 
     items = request.session.items
     uses = sum(1 for item in items if item.module.__name__ == module and fixture in item.fixturenames)  # type: ignore[attr-defined]
     return max(at_least, uses)
-
-
-@contextlib.contextmanager
-def server_pool(request: pytest.FixtureRequest, fixture: str, make: Callable[[], Launch]) -> Iterator[Iterator[Server]]:
-    """Fresh servers for a module whose tests each need one nobody else has touched: as many
-    as its collected tests use `fixture`, started side by side up front, handed out in turn."""
-    wanted = sum(1 for item in request.session.items if item.module is request.module and fixture in item.fixturenames)  # type: ignore[attr-defined]
-    with launch_all(*(make() for _ in range(max(wanted, 1)))) as servers:
-        yield iter(servers)
 
 
 def _wait_ready(spec: Launch, proc: subprocess.Popen[bytes], deadline: float) -> Server:
