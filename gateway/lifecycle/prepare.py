@@ -661,8 +661,8 @@ async def prepare_completion(
         )
         for i, p in enumerate(prompts)
     )
-    for r in requests[:1]:  # one check: the prompts' constraint is the same
-        await _engine_checked(served, r, _constraint_param(req))
+    # One check: every prompt carries the same constraint.
+    await _engine_checked(served, requests[0], _constraint_param(req))
     job = Job(
         kind="completion",
         id=job_id,
