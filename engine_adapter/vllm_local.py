@@ -258,7 +258,7 @@ def _prometheus_logger(own: list[Any]) -> Any:
     (this engine's, for metric_families): vLLM then makes no default one."""
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-    class OwnPrometheusStatLogger(PrometheusStatLogger):
+    class OwnPrometheusStatLogger(PrometheusStatLogger):  # type: ignore[misc]
         def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
             with _REGISTERING:
                 before = set(_vllm_collectors())
@@ -323,7 +323,7 @@ class _StatsSink:
 
         counter = self.counter
 
-        class GatewayStatLogger(StatLoggerBase):
+        class GatewayStatLogger(StatLoggerBase):  # type: ignore[misc]
             def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
                 pass
 
