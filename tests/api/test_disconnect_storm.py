@@ -237,6 +237,7 @@ def storm(fleet: Fleet) -> Iterator[Server]:
         yield srv
 
 
+@pytest.mark.slow
 async def test_disconnect_storm_leaves_nothing_held(storm: Server, redis_server: RedisServer) -> None:
     all_plans = plans()
     phases = Counter(p.phase for p in all_plans)

@@ -38,6 +38,7 @@ def gateway(fleet: Fleet) -> Iterator[Server]:
         yield srv
 
 
+@pytest.mark.slow
 async def test_soak_no_unintended_errors_and_nothing_leaked(gateway: Server, redis_server: RedisServer) -> None:
     tally = await soak.drive(
         gateway.base_url, clients=CLIENTS, seconds=SECONDS, vanish_p=0.2, models=soak.MODELS + soak.ALIASES

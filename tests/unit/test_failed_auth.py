@@ -240,3 +240,20 @@ def test_the_log_filter_keeps_uvicorns_access_arguments_unpackable() -> None:
     assert RedactSecrets().filter(record)
     assert isinstance(record.args, tuple) and len(record.args) == 5
     assert record.getMessage() == '127.0.0.1:5000 - "GET /v1/models?key=[redacted] HTTP/1.1" 200'
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("203.0.113.7", "203.0.113.7"),  # IPv4: the address
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),  # IPv6: its /64
+        ("fe80::1%eth0", "fe80::/64"),  # a zone id is dropped
+        ("::ffff:198.51.100.9", "198.51.100.9"),  # IPv4-mapped: as IPv4
+        ("testclient", "testclient"),  # not an address: its own key
+        ("/run/sparkgate.sock" * 10, ("/run/sparkgate.sock" * 10)[:64]),  # bounded
+        (None, "unknown"),
+        ("", "unknown"),
+    ],
+)
+def test_whose_failures_a_peer_s_are(address: str | None, key: str) -> None:
+    assert client_key(address) == key

@@ -1,5 +1,5 @@
 """benchmarks/gpu/routing_real.py's `report` on the recorded H200 runs: the box model (virtual
-time, no GPU) against what the real engines did (issue 21)."""
+time, no GPU) against what the real engines did on an H200."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+
+# Minutes of simulated fleet time: the full tier only, and not measured for the coverage gate
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.no_cover]
 
 RESULTS = ROOT / "benchmarks/gpu/routing_real_result"
 Rows = dict[str, tuple[int, float, float]]

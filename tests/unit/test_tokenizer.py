@@ -16,6 +16,9 @@ from gateway.text.probes import probe_corpus
 from gateway.text.tokenizer import FastTokenizer, wrap
 from policies.tokens import render_chat
 
+# Tokenizers over every code point: not measured for the coverage gate (tests/conftest.py).
+pytestmark = pytest.mark.no_cover
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "tiny-qwen3"
 
@@ -152,6 +155,7 @@ def test_random_unicode_fuzz(hf: Any, fast: FastTokenizer) -> None:
     assert_same(hf, fast, texts)
 
 
+@pytest.mark.slow
 def test_every_code_point(hf: Any, fast: FastTokenizer) -> None:
     # All code points but surrogates, in chunks, bare and between marks/specials.
     points = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
@@ -163,6 +167,7 @@ def test_every_code_point(hf: Any, fast: FastTokenizer) -> None:
     assert_same(hf, fast, texts)
 
 
+@pytest.mark.slow
 def test_python_normalized_means_hf_unchanged(hf: Any) -> None:
     # The fast path skips HF's normalizer when Python's unicodedata calls the text
     # NFC; check that claim for every code point in composing contexts.
