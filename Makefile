@@ -81,10 +81,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .cache/site
 
-# The inner loop (a few minutes): lint, types, layer contracts, and every test that starts
-# no vLLM engine (unit tests, Redis, the simulated engine).
+# The inner loop, the fast tier (under 3 minutes on 2 cores): lint, types, layer contracts, the
+# docs, and every test that starts no vLLM engine and is not marked slow.
+# The unit tests and the rest run side by side, each in its own pytest (tools/check_tiers.py).
 check: models lint docs
-	$(PY) -m pytest -q tests -m "not engine" $(ORDER) $(COVER)
+	$(PY) tools/check_tiers.py -q -m "not engine and not slow" $(ORDER) -- $(COVER)
 
 # Everything: what CI runs.
 test: models lint docs
