@@ -83,11 +83,11 @@ docs: $(STAMP)
 
 # The inner loop, the fast tier (under 3 minutes on 2 cores): lint, types, layer contracts, the
 # docs, and every test that starts no vLLM engine and is not marked slow.
-# The unit tests and the rest run side by side, each in its own pytest (tools/check_tiers.py).
+# The unit tests (with the coverage gate) and the rest run side by side (tools/check_tiers.py).
 check: models lint docs
 	$(PY) tools/check_tiers.py -q -m "not engine and not slow" $(ORDER) -- $(COVER)
 
-# Everything: what CI runs.
+# Everything, in one pytest process: what CI runs.
 test: models lint docs
 	$(PY) -m pytest -q tests $(ORDER) $(COVER)
 
