@@ -77,9 +77,9 @@ _live_logs: list[Path] = []  # the logs of the servers `launch` runs now
 
 
 # The coverage gate (`--cov=policies`, 100%) is about the policies' own unit tests, and
-# coverage's C tracer costs every line the other tests run, policies or not: 2-4x on the
-# simulations. So only tests/unit is measured, less its modules marked `no_cover` (pytest-cov's
-# marker: coverage pauses while their tests run).
+# coverage's C tracer costs every line the other tests run, policies or not. So only tests/unit
+# is measured, less its modules marked `no_cover` (pytest-cov's marker: coverage pauses while
+# their tests run).
 UNIT = ROOT / "tests" / "unit"
 
 
