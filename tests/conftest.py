@@ -290,7 +290,8 @@ SIDE_BY_SIDE = "side_by_side"
 
 # A module whose servers start vLLM engines says how many (`ENGINES = n`): those are not all
 # started at once (a tiny engine's server holds ~3 GiB), but in waves of at most this many
-# engines, at the first need of a wave's first module, with the modules that run after it.
+# engines: a wave of the modules that run next starts as soon as the one before it is ready, so
+# it starts while that wave's modules run, not when its own first module needs it.
 ENGINES = "ENGINES"
 WAVE_ENGINES = 2  # one per core: an engine's start is mostly one core's work
 
@@ -310,6 +311,7 @@ class Fleet:
         self._started: dict[str, list[_Started]] = {}
         self._failed: dict[str, BaseException] = {}
         self._waiting: list[tuple[str, Any]] = []  # engine modules not started yet, in run order
+        self._starting: set[str] = set()  # modules whose servers were started, not yet awaited
 
     def start(self) -> None:
         items = [item for item in self._request.session.items if "fleet" in item.fixturenames]  # type: ignore[attr-defined]
@@ -325,36 +327,51 @@ class Fleet:
             else:
                 first[module.__name__] = self._maker(module)
         self._launch(first)
+        if self._waiting:
+            self._spawn_wave(self._waiting[0][0])
 
     def _maker(self, module: Any) -> Callable[[Path], list[Launch]]:
         return lambda tmp: getattr(module, SIDE_BY_SIDE)(self._request, tmp)  # type: ignore[no-any-return]
 
     def _launch(self, makers: dict[str, Callable[[Path], list[Launch]]]) -> None:
+        self._spawn(makers)
+        self._await(list(makers))
+
+    def _spawn(self, makers: dict[str, Callable[[Path], list[Launch]]]) -> None:
         for name, make in makers.items():
             self._started[name] = [_start(spec) for spec in make(self._tmp.mktemp(name.rsplit(".", 1)[-1]))]
+            self._starting.add(name)
+
+    def _await(self, names: list[str]) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for name in makers:
+        for name in names:
+            self._starting.discard(name)
             try:
                 for one in self._started[name]:
                     _ready(one, deadline)
             except Exception as e:  # its module fails with it, not the one that asked first
                 self._failed[name] = e
 
-    def _next_wave(self, module: str) -> None:
-        """`module`'s servers, with those of the engine modules that run next, up to
-        WAVE_ENGINES engines in all."""
+    def _spawn_wave(self, module: str) -> list[str]:
+        """Start `module`'s servers, with those of the engine modules that run next, up to
+        WAVE_ENGINES engines in all; the wave's module names."""
         at = next(i for i, (name, _) in enumerate(self._waiting) if name == module)
         wave = [self._waiting.pop(at)]
         engines = getattr(wave[0][1], ENGINES)
         while at < len(self._waiting) and engines + getattr(self._waiting[at][1], ENGINES) <= WAVE_ENGINES:
             engines += getattr(self._waiting[at][1], ENGINES)
             wave.append(self._waiting.pop(at))
-        self._launch({name: self._maker(mod) for name, mod in wave})
+        self._spawn({name: self._maker(mod) for name, mod in wave})
+        return [name for name, _ in wave]
 
     @contextlib.contextmanager
     def servers(self, module: str) -> Iterator[list[Server]]:
         if module not in self._started and any(name == module for name, _ in self._waiting):
-            self._next_wave(module)
+            self._spawn_wave(module)
+        if module in self._starting:
+            self._await([name for name in self._started if name in self._starting])
+            if self._waiting:  # the next wave starts while this one's modules run
+                self._spawn_wave(self._waiting[0][0])
         started = self._started.pop(module, None)
         if started is None:
             raise RuntimeError(f"{module} has no `{SIDE_BY_SIDE}` servers (or took them already)")

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import redis
 import yaml
 
 from gateway.settings import hash_key
-from tests.conftest import MODELS, ROOT, Launch, RedisServer, Server, free_port, launch, launch_all
+from tests.conftest import MODELS, ROOT, Fleet, Launch, RedisServer, Server, free_port, launch
 
 ADMIN_KEY = "sk-quota-admin"
 MODEL = "tiny"
@@ -51,7 +50,6 @@ class Pair:
     a: Server  # fails closed
     b: Server  # fails open
     redis: RedisServer
-    stack: ExitStack
 
     @property
     def both(self) -> tuple[Server, Server]:
@@ -103,22 +101,32 @@ def _config(tmp: Path, port: int, redis_url: str, on_outage: str, core: str, sim
     return path
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    tmp = tmp_path_factory.mktemp("quotas")
+ENGINES = 2  # vLLM engines its servers start: the fleet starts them in a wave
+_REDIS: list[RedisServer] = []  # the one `side_by_side` started, for `pair`
+
+
+def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
+    """The two replicas, each on its own core, and the Redis they share (started first: their
+    configs name its port)."""
     rs = RedisServer(tmp)
     rs.start()
-    stack = ExitStack()
-    stack.callback(rs.stop)
-    try:
-        replicas = []
-        for name, on_outage, core in (("a", "closed", "0"), ("b", "open", "1" if (os.cpu_count() or 1) > 1 else "0")):
-            port = free_port()
-            replicas.append(Launch(_config(tmp, port, rs.url, on_outage, core), tmp / f"gateway-{name}.log", port))
-        a, b = stack.enter_context(launch_all(*replicas))  # each on its own core: started side by side
-        yield Pair(a, b, rs, stack)
-    finally:
-        stack.close()
+    request.addfinalizer(rs.stop)  # in case this module never takes its servers
+    _REDIS.append(rs)
+    replicas = []
+    for name, on_outage, core in (("a", "closed", "0"), ("b", "open", "1" if (os.cpu_count() or 1) > 1 else "0")):
+        port = free_port()
+        replicas.append(Launch(_config(tmp, port, rs.url, on_outage, core), tmp / f"gateway-{name}.log", port))
+    return replicas
+
+
+@pytest.fixture(scope="module")
+def pair(fleet: Fleet) -> Iterator[Pair]:
+    with fleet.servers(__name__) as (a, b):
+        rs = _REDIS.pop()
+        try:
+            yield Pair(a, b, rs)
+        finally:
+            rs.stop()
 
 
 def admin(server: Server, method: str, path: str, **kw: Any) -> httpx.Response:
