@@ -87,9 +87,10 @@ docs: $(STAMP)
 check: models lint docs
 	$(PY) tools/check_tiers.py -q -m "not engine and not slow" $(ORDER) -- $(COVER)
 
-# Everything, in one pytest process: what CI runs.
+# Everything (what CI runs), in the same two processes, the unit one niced: it takes the cores
+# the servers' tests leave idle and slows them little (tools/check_tiers.py).
 test: models lint docs
-	$(PY) -m pytest -q tests $(ORDER) $(COVER)
+	$(PY) tools/check_tiers.py --unit-nice 10 -q $(ORDER) -- $(COVER)
 
 # One module, class or test, without lint or the coverage gate; T takes pytest's own arguments:
 #   make test-one T=tests/api/test_chat.py      make test-one T="tests/unit/test_kv.py -k share"

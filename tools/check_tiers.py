@@ -1,17 +1,18 @@
-"""`make check`'s tests as two pytest processes side by side: tests/unit (with the coverage
-gate: tests/conftest.py measures only them) and tests/api + tests/integration.
+"""The tests as two pytest processes side by side: `unit` (tests/unit, with the coverage gate:
+tests/conftest.py measures only them, and the KV exactness tests' in-process engines) and `api`
+(every other test: tests/api and tests/integration, the ones with servers).
 
-Each is mostly one core's work in one process (the unit tests; the API tests' clients and their
-replay or simulated servers), so on 2 cores the two take about half the time of one. `make test`
-stays one process: real vLLM engines keep a core each busy while they run, and a second process
-beside them slowed both nearly as much as it saved (benchmarks/results/setup-and-tests.md), and
-would leave the suite open to flakes made by load.
+Each process is mostly one core's work at a time (a test and the server it talks to, or a unit
+test), and one process alone left the 2 cores about a third idle. `make check` runs the two at
+the same priority. `make test` runs `unit` niced (`--unit-nice`): beside real vLLM engines, which
+keep a core each busy while they decode, the two at one priority slowed the servers' half by 40%
+(benchmarks/results/setup-and-tests.md); niced, the unit half takes what the servers leave idle.
 
-    python tools/check_tiers.py [pytest arguments for both] -- [arguments for the unit tests]
+    python tools/check_tiers.py [--unit-nice N] [pytest arguments for both] -- [arguments for unit]
 
 Each process's output is printed whole when it ends; .cache/check-<tier>.log has it as it runs.
 The exit status is the first non-zero one. Each writes its failures in full to its own file
-(`SPARKGATE_TEST_FAILURES`).
+(`SPARKGATE_TEST_FAILURES`: .cache/test-failures-<tier>.txt).
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIERS = {"unit": ["tests/unit"], "api": ["tests/api", "tests/integration"]}
+KV_EXACT = "tests/integration/test_kv_exact.py"
+TIERS = {"unit": ["tests/unit", KV_EXACT], "api": ["tests/api", "tests/integration", f"--ignore={KV_EXACT}"]}
 
 
 def main(argv: list[str]) -> int:
+    nice = 0
+    if argv[:1] == ["--unit-nice"]:
+        nice, argv = int(argv[1]), argv[2:]
     at = argv.index("--") if "--" in argv else len(argv)
     shared, own = argv[:at], argv[at + 1 :]
     started = time.monotonic()
@@ -37,6 +42,8 @@ def main(argv: list[str]) -> int:
             log = ROOT / ".cache" / f"check-{tier}.log"  # to follow a run: tail -f
             env = {**os.environ, "SPARKGATE_TEST_FAILURES": str(ROOT / ".cache" / f"test-failures-{tier}.txt")}
             args = [sys.executable, "-m", "pytest", *paths, *shared, *(own if tier == "unit" else [])]
+            if tier == "unit" and nice:
+                args = ["nice", "-n", str(nice), *args]
             with log.open("wb") as out:
                 running[tier] = (subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT), log)
         status = 0
