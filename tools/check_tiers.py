@@ -1,5 +1,5 @@
-"""The tests as two pytest processes side by side: `unit` (tests/unit, with the coverage gate:
-tests/conftest.py measures only them, and the KV exactness tests' in-process engines) and `api`
+"""The tests as two pytest processes side by side: `unit` (the KV exactness tests' in-process
+engines, then tests/unit, with the coverage gate: tests/conftest.py measures only them) and `api`
 (every other test: tests/api and tests/integration, the ones with servers).
 
 Each process is mostly one core's work at a time (a test and the server it talks to, or a unit
@@ -25,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KV_EXACT = "tests/integration/test_kv_exact.py"
-TIERS = {"unit": ["tests/unit", KV_EXACT], "api": ["tests/api", "tests/integration", f"--ignore={KV_EXACT}"]}
+# The KV exactness tests first: their in-process engines are the unit process's one long
+# stretch, and niced they ran 3-4x slower once the servers' engine tests were under way.
+TIERS = {"unit": [KV_EXACT, "tests/unit"], "api": ["tests/api", "tests/integration", f"--ignore={KV_EXACT}"]}
 
 
 def main(argv: list[str]) -> int:
