@@ -104,10 +104,20 @@ def _log_problems(log_path: Path, lines: int = 15) -> str:
 _STATS_CLIENT = httpx.Client(timeout=60)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port, never one this process handed out before: a server binds its port
+    seconds after its config is written, and until then the kernel may offer the same port again
+    (two fleet servers once got one port, and each test saw the other's gateway)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 @dataclass(frozen=True)
