@@ -362,9 +362,9 @@ class Fleet:
             except Exception as e:  # its module fails with it, not the one that asked first
                 self._failed[name] = e
 
-    def _spawn_wave(self, module: str) -> list[str]:
+    def _spawn_wave(self, module: str) -> None:
         """Start `module`'s servers, with those of the engine modules that run next, up to
-        WAVE_ENGINES engines in all; the wave's module names."""
+        WAVE_ENGINES engines in all."""
         at = next(i for i, (name, _) in enumerate(self._waiting) if name == module)
         wave = [self._waiting.pop(at)]
         engines = getattr(wave[0][1], ENGINES)
@@ -372,7 +372,6 @@ class Fleet:
             engines += getattr(self._waiting[at][1], ENGINES)
             wave.append(self._waiting.pop(at))
         self._spawn({name: self._maker(mod) for name, mod in wave})
-        return [name for name, _ in wave]
 
     @contextlib.contextmanager
     def servers(self, module: str) -> Iterator[list[Server]]:
