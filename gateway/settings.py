@@ -589,8 +589,12 @@ class BoxSettings(_Model):
 
     memory: int
     reserved: int = 0  # OS, gateway process, CUDA contexts: never given to a model
+    # The floor of available host memory (MemAvailable, what vLLM reads on a unified-memory GPU):
+    # the plan keeps it free at the box's worst moment, and below it the gateway admits no new
+    # work until memory comes back (0: no floor). docs/operator-guide.md.
+    min_free: int = 0
 
-    @field_validator("memory", "reserved", mode="before")
+    @field_validator("memory", "reserved", "min_free", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return parse_bytes(v)
