@@ -62,6 +62,9 @@ class SimEngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     box: BoxSpec = field(default=DGX_SPARK)
+    # The model's n-gram table is read from the box's drive each step (a model's
+    # `ple_table.placement` disk): each step waits for its rows' pages (`SimConfig`).
+    ple_table_on_disk: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class SimulatedEngine:
             max_model_len=c.max_model_len,
             kv_cache_bytes=c.kv_cache_bytes,
             enable_prefix_caching=c.enable_prefix_caching,
+            ple_table_on_disk=c.ple_table_on_disk,
         )
         self._sim = BoxSim(MODELS[c.model], c.box, sim_config)
         self._t0 = time.monotonic()

@@ -73,9 +73,21 @@ class ModelSpec:
     # (the Qwen3.6 figures were fitted and pinned that way; BoxSim).
     state_groups: int = 0
     ring_groups: int = 0
-    # Parameters of an n-gram embedding table outside `total_params` (read-only information for
-    # the memory plan: where the table lives is a serving choice, not part of the step physics).
+    # Sparse attention (Qwen4Exp's QSA): a lightning indexer of `indexer_heads` x `indexer_head_dim`
+    # scores each query against the context's keys compressed `indexer_compress_ratio` to one, and
+    # the query attends only the top `sparse_attention_budget` tokens of it (whole compressed blocks)
+    # plus the open block's tail (`attended_keys`). 0: dense attention, no indexer.
+    sparse_attention_budget: int = 0
+    indexer_heads: int = 0
+    indexer_head_dim: int = 0
+    indexer_compress_ratio: int = 1
+    # Parameters of an n-gram embedding table outside `total_params` (the memory plan counts it
+    # where it is resident), and what one step reads of it: `ple_rows_per_token` rows of
+    # `ple_row_bytes` per token in the step, which cost step time only when the table is read from
+    # the drive (`SimConfig.ple_table_on_disk`, `physics.ple_read_seconds`).
     ple_table_params: float = 0.0
+    ple_rows_per_token: int = 0
+    ple_row_bytes: int = 0
     notes: str = ""
 
     @property
@@ -205,12 +217,14 @@ MODELS: dict[str, ModelSpec] = {
     #   key_length 256, embedding 2560, experts 512 / 640 used 10 (+ 1 shared), ssm inner 6144,
     #   group 16, indexer 4 heads x 128, compress_ratios 4 on every 4th layer; vocab 248,320.
     #   Public pages (SGLang, NVIDIA Dynamo, Unsloth): 125B + 51B n-gram table (+4B MTP), 6B active.
-    # KV (nvidia/qsa.py:543, common/qsa_cache.py:844,868, nvidia/model.py:797-849): 12 QSA layers
-    # keep K/V (2 x 2 x 256 per token) and compressed indexer keys (head 128, bf16, one state per 4
+    # KV (0.32: nvidia/qsa.py:543, common/qsa_cache.py:844,868, nvidia/model.py:797-849; 0.34
+    # renamed qsa_cache.py to common/qsa_indexer.py: :848 ring, :872 compressed; nvidia/qsa.py:493):
+    # 12 QSA layers keep K/V (2 x 2 x 256 per token) and compressed indexer keys (head 128, bf16, one state per 4
     # tokens: 64 B per token, whatever the KV dtype): 13,056 B per token with FP8 KV. 36 GDN layers
     # hold conv (3, 10240) bf16 + ssm (48, 128, 128) fp32 = 3,207,168 B each, so vLLM's block is
     # 3,136 tokens on CUDA with FP8 KV, and one block id costs 12 x (3136 x 1024 + 3136 x 64) =
-    # 40,943,616 B (v1/core/kv_cache_utils.py packs one layer of each group per block).
+    # 40,943,616 B (vLLM 0.32 v1/core/kv_cache_utils.py, _get_packed_kv_cache_groups, packs one
+    # layer of each group per block; 0.33 moved it to v1/core/kv_cache_planning.py).
     # Groups (measured with vLLM 0.32's scheduler, model on the meta device): 3 GDN (12 layers
     # each), 1 PLE short-conv state (layer 2, MambaSpec (9, 10240)), 1 QSA raw-key ring
     # (CircularBufferSpec: one block per request, not prefix-cacheable), 1 attention (12 K/V +
@@ -220,7 +234,11 @@ MODELS: dict[str, ModelSpec] = {
     # 0.62B, shared experts 0.24B, routers 0.06B, embedding and lm_head 0.64B each: 125.1B resident
     # (the ~4B MTP module not counted, as before); per token 10 of 512 experts (2.36B) + 3.64B
     # (lm_head included) = 6.0B. The PLE n-gram table (320,001,536 x 160 = 51.2B params,
-    # ngram_embedding.py:122-139) is not in total_params: `ple_table_params`.
+    # ngram_embedding.py:122-139) is not in total_params: `ple_table_params`. Each token in a step
+    # looks up (ngram_size 3 - 1) x heads_per_ngram 8 = 16 of its rows of 2560 / 16 = 160 values.
+    # QSA (config indexer_budget 2048, indexer_compress_ratio 4, indexer 4 heads x 128; vLLM 0.34
+    # models/qwen4_exp/nvidia/qsa_indexer.py QSAIndexer): each query attends the top 512 compressed
+    # blocks of 4 tokens plus the open block's tail: all of its context up to 2,051 tokens.
     "Qwen3.8-Flash-Next": ModelSpec(
         name="Qwen3.8-Flash-Next",
         total_params=125.1e9,
@@ -237,9 +255,15 @@ MODELS: dict[str, ModelSpec] = {
         kv_dtype_bytes=1,
         linear_state_bytes=_gdn_state_bytes(36, 48, conv_dim=10240),
         indexer_bytes_per_token=128 * 2 // 4,  # compressed keys: head 128, bf16, 1 per 4 tokens
+        sparse_attention_budget=2048,  # indexer_budget: top 512 blocks of 4 (+ the open block's tail)
+        indexer_heads=4,
+        indexer_head_dim=128,
+        indexer_compress_ratio=4,
         state_groups=4,  # 3 GDN groups of 12 layers + the PLE short-conv state
         ring_groups=1,  # the QSA raw-key ring
         ple_table_params=320_001_536 * 160,
+        ple_rows_per_token=(3 - 1) * 8,  # (ngram_size - 1) x heads_per_ngram
+        ple_row_bytes=160,  # 2560 / 16 values per row, FP8 (the table's dtype in the deployment)
         spec=SpecDecode(
             kind="mtp",
             draft_tokens=4,
@@ -252,6 +276,7 @@ MODELS: dict[str, ModelSpec] = {
         ),
         kv_budget_gib=17.33,
         notes="shape from vLLM 0.32's Qwen4Exp and public metadata; QSA's sparse attention "
-        "(top-2048 budget) and the n-gram table not modelled per step",
+        "(top-2048 budget) and its indexer costed per step (vLLM 0.34's kernels); the n-gram "
+        "table costs step time only when read from disk (SimConfig.ple_table_on_disk)",
     ),
 }

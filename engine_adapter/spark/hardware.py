@@ -85,12 +85,19 @@ class BoxSpec:
     sync_token_s: float = 0.0
     gpu_timeslice_s: float = GPU_TIMESLICE_S  # a step's own work between waits for a busy box-mate's
     gpu_mate_wait_s: float | None = None  # the longest of those waits (None: `gpu_timeslice_s`)
+    # The local drive a model's table can be read from each step (`physics.ple_read_seconds`):
+    # bytes/s and 4 KiB random reads/s it serves at a deep queue. 0: not given (a model whose
+    # table is on disk cannot be costed on this box).
+    nvme_read_bandwidth: float = 0.0
+    nvme_read_iops: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gpu_timeslice_s <= 0 or (self.gpu_mate_wait_s is not None and self.gpu_mate_wait_s <= 0):
             raise ValueError(f"box {self.name!r}: gpu_timeslice_s and gpu_mate_wait_s must be > 0")
         if min(self.sync_step_s, self.sync_token_s) < 0:
             raise ValueError(f"box {self.name!r}: sync_step_s and sync_token_s must be >= 0")
+        if min(self.nvme_read_bandwidth, self.nvme_read_iops) < 0:
+            raise ValueError(f"box {self.name!r}: nvme_read_bandwidth and nvme_read_iops must be >= 0")
         if min(self.memory_bytes, self.mem_bandwidth, self.bf16_flops, self.fp8_flops) <= 0:
             raise ValueError(f"box {self.name!r}: memory, bandwidth and BF16/FP8 FLOP/s must be positive")
         for f in ("bandwidth_efficiency", "gemm_efficiency", "attention_efficiency", "moe_gemm_efficiency"):
@@ -148,6 +155,15 @@ class Serving:
             raise ValueError("routing_locality must be in (0, 1]")
 
 
+# The DGX Spark's drive. NVIDIA's spec: 4 TB NVMe M.2 with self-encryption. The drive Samsung
+# announced as qualified and in mass production for the DGX Spark (Jan 2026, reported by Guru3D
+# and Wccftech): PM9E1, PCIe Gen5 x4, M.2 2242, 4 TB, sequential reads up to 14,500 MB/s, random
+# reads up to 2,000K IOPS. The GB10 board's M.2 slot is PCIe Gen4 (Dell Pro Max GB10 owner's
+# manual: "PCIe Gen 4 NVMe", M.2 2230/2242), so the link caps reads at 4 lanes x 16 GT/s x
+# 128/130 = 7.88 GB/s, i.e. 1.92M 4 KiB pages/s: below the drive's 2.0M IOPS, so the link binds.
+SPARK_NVME_READ_BANDWIDTH = 4 * 16e9 * 128 / 130 / 8
+SPARK_NVME_READ_IOPS = 2.0e6
+
 # Public: 128 GB LPDDR5x at 273 GB/s; 1 PFLOP FP4 with 2:4 sparsity (500 TFLOP/s dense);
 # FP8 and BF16 at half and a quarter of that.
 DGX_SPARK = BoxSpec(
@@ -160,6 +176,8 @@ DGX_SPARK = BoxSpec(
     gemm_efficiency=SPARK_GEMM_EFFICIENCY,
     step_overhead_s=SPARK_STEP_OVERHEAD_S,
     frontend_latency_s=SPARK_FRONTEND_LATENCY_S,
+    nvme_read_bandwidth=SPARK_NVME_READ_BANDWIDTH,
+    nvme_read_iops=SPARK_NVME_READ_IOPS,
 )
 
 # Public (NVIDIA H200 SXM datasheet): 141 GB HBM3e at 4.8 TB/s; 989 TFLOP/s BF16 and

@@ -100,6 +100,10 @@ class SimConfig:
     long_prefill_token_threshold: int = 0
     # Weight and KV dtypes, speculative decoding, block size (default: the Spark deployment's).
     serving: Serving = field(default_factory=Serving)
+    # The model's n-gram table is read from the box's drive each step (vLLM 0.34's
+    # --engram-config '{"disk_offload": true}', a fork's VLLM_PLE_TABLE_MEMORY=disk), not kept
+    # in memory: each step waits for its rows' pages (`physics.ple_read_seconds`).
+    ple_table_on_disk: bool = False
 
 
 class BoxSim:
@@ -133,6 +137,11 @@ class BoxSim:
         if budget <= 0:
             raise ValueError(f"{model.name}'s weights leave no KV on the {box.name}")
         self.kv_cache_bytes = budget
+        if self.config.ple_table_on_disk:
+            if model.ple_rows_per_token <= 0:
+                raise ValueError(f"{model.name} has no n-gram table to read from disk")
+            if box.nvme_read_bandwidth <= 0 or box.nvme_read_iops <= 0:
+                raise ValueError(f"{box.name} has no drive spec to read {model.name}'s n-gram table from")
         # vLLM runs hybrid models with prefix caching in mamba_cache_mode "align".
         self.mamba_align = model.linear_state_bytes > 0 and self.config.enable_prefix_caching
         # The state groups draw blocks from the pool, as in vLLM, only where a block page holds a state.
@@ -446,6 +455,7 @@ class BoxSim:
             [(r.computed, n, r.computed + n == r.prompt_len) for r, n in chunks],
             self.serving.routing_locality,
             self.serving.async_scheduling,
+            self.config.ple_table_on_disk,
         )
         self.now = start + cost.seconds
         if cost.tokens:

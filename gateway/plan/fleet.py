@@ -85,6 +85,9 @@ class Deployed:
     host_step_s: float = 0.0
     host_seq_s: float = 0.0
     tp: TensorParallel | None = None  # split over the boxes of `box` ("box-1+box-2")
+    # The model's n-gram table is read from the box's drive each step (`ple_table.placement`
+    # disk): every step waits for its rows' pages (engine_adapter/spark/physics.py: ple_read_seconds).
+    ple_table_on_disk: bool = False
 
     @staticmethod
     def of(m: ModelSettings, box: str, kv_gib: float | None = None) -> Deployed:
@@ -101,6 +104,7 @@ class Deployed:
             m.latency,
             max_num_batched_tokens=m.max_num_batched_tokens or STEP_TOKENS,
             long_prefill_token_threshold=m.long_prefill_token_threshold,
+            ple_table_on_disk=m.ple_table is not None and m.ple_table.placement == "disk",
         )
 
 
@@ -280,6 +284,7 @@ class Fleet:
                 serving=placement.serving
                 if d.block_size is None
                 else dataclasses.replace(placement.serving, block_size=d.block_size),
+                ple_table_on_disk=d.ple_table_on_disk,
             )
             box = placement.box
             if d.tp is not None:  # the ranks' bandwidth and FLOPs add up; the link is paid per step
