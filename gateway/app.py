@@ -21,6 +21,7 @@ from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
+from gateway.host_memory import HostMemory, from_settings
 from gateway.http import (
     admin,
     body_limits,
@@ -222,8 +223,14 @@ async def start_engines(
         raise
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None) -> FastAPI:
-    """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py)."""
+def create_app(
+    settings: Settings,
+    engine_factory: EngineFactory = vllm_engine,
+    drain: Drain | None = None,
+    host_memory: HostMemory | None = None,
+) -> FastAPI:
+    """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py);
+    `host_memory` is what the memory guard reads (default: /proc/meminfo; a test passes its own)."""
     drain = Drain(settings.server.drain_grace_s) if drain is None else drain
 
     @asynccontextmanager
@@ -233,6 +240,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
         quota = QuotaGate.from_settings(settings.quotas)
         stored = responses_store.from_settings(settings)
         supervisor: Supervisor | None = None
+        memory = from_settings(settings.box, host_memory)
         start_s: dict[str, float] = {}
         # Verified tokenizer plans: later starts skip the seconds of checks.
         tokenizer_cache = Path(settings.base_dir) / settings.server.cache_dir / "tokenizers"
@@ -263,7 +271,10 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
                 metrics=Metrics(settings.metrics) if settings.metrics.enabled else None,
                 failed_auth=FailedAuthTable(settings.auth.failed),
                 drain=drain,
+                memory=memory,
             )
+            if memory is not None:
+                memory.start()
             if state.metrics is not None:
                 state.metrics.bind(state)
             state.supervisor = supervisor = Supervisor(
@@ -282,6 +293,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = vllm_engine, 
         finally:
             if supervisor is not None:
                 await supervisor.stop()  # no restart may race the shutdown below
+            if memory is not None:
+                await memory.stop()
             drain.begin()  # /ready: 503 while the engines shut down
             for e in engines:
                 await e.shutdown()

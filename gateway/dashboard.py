@@ -263,4 +263,6 @@ async def data(state: AppState) -> dict[str, Any]:
         "users_error": users_error,
         "rejections": [dataclasses.asdict(r) for r in reversed(state.recent.rejections)],
         "quota": _quota(state),
+        # The memory guard (gateway/host_memory.py); None without box.min_free.
+        "host_memory": None if state.memory is None else state.memory.view(),
     }

@@ -21,6 +21,7 @@ Anthropic's for the Messages API: `shape_of` picks by the request's path).
      |                                      insufficient_quota      insufficient_quota
      +-- SloUnattainable                429   server_overloaded       slo_unattainable
      +-- Overloaded                     503   server_error            server_overloaded (or queue_timeout)
+     |    +-- MemoryLow                 503   server_error            server_overloaded (host memory below box.min_free)
      +-- QuotaUnavailable               503   server_error            quota_unavailable
      +-- EngineUnavailableError         503   server_error            engine_unavailable
      +-- StoreUnavailable               503   server_error            store_unavailable
@@ -30,7 +31,7 @@ Anthropic's for the Messages API: `shape_of` picks by the request's path).
 Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, names the kind by the
 status (`ANTHROPIC_TYPES`): 400 invalid_request_error, 401 authentication_error,
 403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
-500 api_error; an `Overloaded` box (no room, queue timeout) is 529 overloaded_error, as
+500 api_error; an `Overloaded` box (no room, queue timeout, host memory low) is 529 overloaded_error, as
 Anthropic answers when its capacity is full.
 
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
@@ -250,6 +251,21 @@ class Overloaded(GatewayError):
     status = 503
     type = "server_error"
     default_code = "server_overloaded"
+
+
+class MemoryLow(Overloaded):
+    """The box's available host memory is below `box.min_free` (gateway/host_memory.py): no
+    new work until it comes back, so that the unified-memory box does not wedge."""
+
+    def __init__(self, *, available: int, floor: int, retry_after_s: float) -> None:
+        gib = 1024**3
+        super().__init__(
+            f"The server is low on memory ({available / gib:.1f} GiB available, below its floor of "
+            f"{floor / gib:.1f} GiB) and takes no new requests until it recovers. Please try again "
+            f"in {_human(retry_after_s)}.",
+            headers={"Retry-After": _retry_after(retry_after_s), "retry-after-ms": str(round(retry_after_s * 1000))},
+        )
+        self.reason = "host_memory_low"
 
 
 class QuotaUnavailable(GatewayError):

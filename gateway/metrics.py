@@ -325,6 +325,7 @@ class LiveCollector(Collector):
         yield from self._quota()
         yield from self._auth()
         yield from self._routing()
+        yield from self._memory()
         for m in models:
             yield from _engine_families(m.engine)
 
@@ -376,6 +377,59 @@ class LiveCollector(Collector):
             "Client addresses blocked now for too many failed authentications.",
             [],
             [([], float(table.blocked_clients))],
+        )
+
+    def _memory(self) -> Iterator[Metric]:
+        watch = self.state.memory
+        if watch is None:  # no box.min_free: no guard
+            return
+        s = watch.state
+        yield _gauge(
+            "sparkgate_host_memory_available_bytes",
+            "The host's available memory (MemAvailable, what vLLM reads on a unified-memory GPU).",
+            [],
+            [] if s.available is None else [([], float(s.available))],  # no sample: unreadable
+        )
+        yield _gauge(
+            "sparkgate_host_memory_min_free_bytes",
+            "The memory guard's floor (box.min_free): below it no new requests are admitted.",
+            [],
+            [([], float(watch.limits.floor))],
+        )
+        yield _gauge(
+            "sparkgate_memory_guard_admitting",
+            "0 while host memory is below box.min_free and new requests are refused (503/529).",
+            [],
+            [([], float(s.admitting))],
+        )
+        yield _counter(
+            "sparkgate_memory_guard_stops",
+            "Times host memory fell below box.min_free and the gateway stopped admitting.",
+            [],
+            [([], float(s.stops))],
+        )
+        yield _counter(
+            "sparkgate_memory_guard_refused",
+            "Requests refused because host memory was below box.min_free.",
+            [],
+            [([], float(watch.refused))],
+        )
+
+    def _canary(self) -> Iterator[Metric]:
+        book = getattr(self.state, "canary", None)  # (the docs generator's empty state has none)
+        names = [m.name for m in self.state.registry]
+        bad = set() if book is None else book.degraded()
+        yield _gauge(
+            "sparkgate_model_degraded",
+            "1 when the canary found the model answering differently from its prefix cache.",
+            ["model"],
+            (([n], float(n in bad)) for n in names),
+        )
+        yield _counter(
+            "sparkgate_canary_runs",
+            "Canary runs per model, by result (ok, degraded, skipped, error).",
+            ["model", "result"],
+            (([m, r], float(v)) for (m, r), v in sorted((book.runs if book is not None else {}).items())),
         )
 
     def _routing(self) -> Iterator[Metric]:

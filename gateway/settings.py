@@ -584,6 +584,34 @@ class AdmissionSettings(_Model):
     fair_share: FairShareSettings = FairShareSettings()
 
 
+class MemoryGuardSettings(_Model):
+    """The run-time memory guard (box.min_free is its floor): below it new requests get 503
+    `server_overloaded` (Anthropic's API: 529) with Retry-After, and /ready says why, until
+    available memory is back above the floor plus `resume_margin`. docs/guide/admission.md."""
+
+    # How often the available memory (/proc/meminfo's MemAvailable) is read: a reading costs
+    # tens of microseconds, and a long prefill can take gigabytes within seconds.
+    poll_s: float = Field(1.0, gt=0, le=60)
+    # Admission resumes at min_free + this: the hysteresis that keeps a box hovering at the
+    # floor from flapping between admitting and refusing.
+    resume_margin: int = 2 * 1024**3
+    # The Retry-After a refused client is told: about the time running requests take to give
+    # their memory back.
+    retry_after_s: float = Field(5.0, gt=0)
+
+    @field_validator("resume_margin", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_bytes(v)
+
+    @field_validator("resume_margin")
+    @classmethod
+    def _not_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("must be at least 0")
+        return v
+
+
 class BoxSettings(_Model):
     """The machine the in-process engines share (a DGX Spark: 128 GiB unified)."""
 
@@ -593,6 +621,8 @@ class BoxSettings(_Model):
     # the plan keeps it free at the box's worst moment, and below it the gateway admits no new
     # work until memory comes back (0: no floor). docs/operator-guide.md.
     min_free: int = 0
+    # How the gateway (and `sparkgate engine-host`) watches that floor at run time.
+    guard: MemoryGuardSettings = MemoryGuardSettings()
 
     @field_validator("memory", "reserved", "min_free", mode="before")
     @classmethod

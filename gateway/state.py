@@ -10,6 +10,7 @@ from gateway.auth import KeyRing
 from gateway.dashboard import Recent
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
+from gateway.host_memory import MemoryWatch
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry
@@ -51,6 +52,8 @@ class AppState:
     failed_auth: FailedAuthTable = field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
     # Engine deaths and restarts (gateway/supervisor.py); the app's lifespan starts it.
     supervisor: Supervisor | None = None
+    # The run-time memory guard (gateway/host_memory.py): None without box.min_free.
+    memory: MemoryWatch | None = None
 
     @property
     def draining(self) -> bool:

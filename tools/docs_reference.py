@@ -350,8 +350,10 @@ def _empty_state() -> Any:
     of the per-model samples. Real components where they are cheap to build."""
     from gateway.admission import AdmissionMetrics
     from gateway.failed_auth import FailedAuthTable
+    from gateway.host_memory import MemInfo, MemoryWatch
     from gateway.quota.gate import QuotaGate
     from gateway.settings import FailedAuthSettings, QuotaSettings
+    from policies.memory_guard import GuardLimits
 
     admission = types.SimpleNamespace(metrics=AdmissionMetrics(), snapshot=lambda name: None)
     return types.SimpleNamespace(
@@ -362,6 +364,7 @@ def _empty_state() -> Any:
         quota=QuotaGate.from_settings(QuotaSettings()),
         failed_auth=FailedAuthTable(FailedAuthSettings()),
         router=types.SimpleNamespace(decisions={}),
+        memory=MemoryWatch(MemInfo(), GuardLimits(floor=1), poll_s=1, retry_after_s=1),  # never read
     )
 
 

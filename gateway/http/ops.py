@@ -4,8 +4,10 @@ written for `vllm serve`), GET /sparkgate/stats (auth).
 /health: the process serves (liveness): 200 `{"status": "ok"}`, nothing more.
 /ready: it can take traffic (readiness): every engine up, the quota store reachable (Redis
 with `on_outage: closed`; `open` serves on local limits meanwhile, so it stays ready and
-says so), not draining. 503 with the reasons otherwise. `models` has each engine's health
-(gateway/supervisor.py): {"state": "restarting", "reason": ..., "deaths": 1, "restarts": 0}.
+says so), not draining, host memory above its floor (box.min_free: gateway/host_memory.py).
+503 with the reasons otherwise. `models` has each engine's health (gateway/supervisor.py):
+{"state": "restarting", "reason": ..., "deaths": 1, "restarts": 0}; `host_memory`, the memory
+guard's state when it is on.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
             warnings.append("quota store: redis unreachable (serving on local limits)")
     if state.draining:
         reasons.append("draining")
+    if state.memory is not None and (low := state.memory.reason()) is not None:
+        reasons.append(low)
     return reasons, warnings
 
 
@@ -89,6 +93,8 @@ async def ready(request: Request) -> JSONResponse:
         body["warnings"] = warnings
     if state is not None:
         body["models"] = engine_health(state)
+        if state.memory is not None:
+            body["host_memory"] = state.memory.view()
     return JSONResponse(body, status_code=503 if reasons else 200)
 
 

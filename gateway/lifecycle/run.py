@@ -1,8 +1,10 @@
 """The run phase: a prepared job through its holds to its answer, released exactly once.
 
-    priority -> quota hold (a request over its key's limits never queues)
+    priority -> the memory guard (host memory below box.min_free: 503, nothing held)
+      -> quota hold (a request over its key's limits never queues)
       -> routing's flight, and its hold (so as not to stall running requests)
-      -> admission (a fair queue for KV room and a running slot; the client may leave)
+      -> admission (a fair queue for KV room and a running slot; the client may leave),
+         then the memory guard again (memory may have fallen while it queued)
       -> engine -> the answer, whole (`Running.body`) or streamed (`Running.events`), in
          the encoding of the API surface that asked (it passes its encoders)
       -> release, once on every path: the admission ticket, the flight, and the quota
@@ -75,6 +77,11 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     )
     metrics = state.metrics
     job.meter.started = job.served.engine.clock()
+    # Host memory below its floor: refused before the quota store is asked (nothing to undo).
+    if (low := _memory_low(state)) is not None:
+        if metrics is not None:
+            metrics.not_started(job, REJECTED_ADMISSION)
+        raise low
     try:
         hold = await state.quota.reserve(job.principal, job.id, job.worst_case_tokens)
     except BaseException as e:
@@ -93,6 +100,9 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
         if state.drain.draining:  # it arrived as the drain began: not worth queueing
             raise shutting_down()
         ticket = await _admit(wanted, state, client_gone)
+        if (low := _memory_low(state)) is not None:  # memory fell while it queued: it never ran
+            ticket.release()
+            raise low
     except BaseException as e:
         hold.release()
         if flight is not None:
@@ -107,6 +117,12 @@ async def start(job: Job, state: AppState, *, priority_header: str | None, clien
     if flight is not None:
         flight.admitted()
     return Running(job, state, ticket, hold, flight, client_gone)
+
+
+def _memory_low(state: AppState) -> GatewayError | None:
+    """The memory guard's refusal (gateway/host_memory.py), before a job is admitted: every
+    API surface's request passes here, and one already running is never cut."""
+    return None if state.memory is None else state.memory.refusal()
 
 
 def _start_flight(router: Router | None, job: Job) -> Flight | None:
