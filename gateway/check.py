@@ -26,6 +26,7 @@ from pydantic_core import ErrorDetails
 
 from gateway.redaction import redacted_url
 from gateway.settings import ELSEWHERE, ModelSettings, Settings, load_settings, project_root
+from policies import known_issues
 from policies.memory_plan import MemoryPlan, PlanDoesNotFit, fmt_bytes
 
 CODES = (
@@ -43,6 +44,7 @@ CODES = (
     "token_env",
     "kv_cache",
     "hybrid_server",
+    "known_issue",
 )
 # What --skip-local leaves out: facts of this machine, not of the config.
 LOCAL_CHECKS = ("model directories", "tokenizer files", "KV pool against config.json", "token environment variables")
@@ -70,6 +72,7 @@ class Report:
     problems: tuple[Problem, ...]
     plan: tuple[str, ...]  # readable lines; empty when the config does not match the schema
     skipped: tuple[str, ...]  # checks left out (--skip-local)
+    warnings: tuple[str, ...] = ()  # what passes but deserves a look (accepted known issues)
 
     @property
     def ok(self) -> bool:
@@ -102,6 +105,7 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
         return Report(path, tuple(_schema_problems(e, data)), (), skipped)
     if not settings.models:
         return Report(path, (Problem("schema", "models: at least one model is required"),), (), skipped)
+    findings = _known_issue_findings(settings, read_local=not skip_local)
     problems = [
         *_name_problems(settings),
         *_allowed_model_problems(settings),
@@ -111,6 +115,7 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
         *_remote_problems(settings),
         *_placement_problems(settings),
         *_hybrid_server_problems(settings, read_local=not skip_local),
+        *_known_issue_problems(findings),
     ]
     plan_problems, memory = _memory_plan(settings)
     problems += plan_problems
@@ -122,7 +127,8 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
         problems += _local_problems(settings)
     if not problems:
         problems += _what_serve_refuses(path)
-    return Report(path, tuple(problems), tuple(_plan_lines(settings, memory, tokens)), skipped)
+    warnings = tuple(f.message for f in findings if f.accepted)
+    return Report(path, tuple(problems), tuple(_plan_lines(settings, memory, tokens)), skipped, warnings)
 
 
 # -- reading and the schema ------------------------------------------------------------------
@@ -348,6 +354,70 @@ def _hybrid_in_config(cfg: dict[str, Any]) -> str | None:
     if hybrid := [a for a in archs if a.startswith(HYBRID_ARCHITECTURES)]:
         return f"config.json architecture {hybrid[0]}"
     return None
+
+
+# -- engine flags with open corruption reports ------------------------------------------------
+
+# The box model's catalogue keys -> vLLM's architecture, for issues specific to one (--skip-local).
+_CATALOGUE_ARCHITECTURES = {"Qwen3.8-Flash-Next": "Qwen4Exp", "Qwen3.6-35B-A3B": "Qwen3_5Moe", "Qwen3.8-27B": "Qwen3_5"}
+
+
+def _known_issue_findings(s: Settings, *, read_local: bool) -> list[known_issues.Finding]:
+    """Speculative decoding x prefix caching x hybrid attention against the table of open
+    reports (policies/known_issues.py), for each engine whose flags this config sets: vllm in
+    this process (or under `sparkgate engine-host`). A remote model's flags are its host's
+    config's; a simulated or replayed one has none."""
+    version = _target_vllm_version(s)
+    out = []
+    for m in s.models:
+        if m.engine != "vllm":
+            continue
+        flags = known_issues.EngineFlags(
+            model=m.name,
+            speculative_method=_speculative_method(m.engine_args.get("speculative_config")),
+            prefix_caching=bool(m.engine_args.get("enable_prefix_caching", m.enable_prefix_caching)),
+            hybrid=_hybrid_evidence(s, m, read_local=read_local) is not None,
+            architecture=_architecture(s, m, read_local=read_local),
+            vllm_version=version,
+            accepted=m.accept_known_issues,
+        )
+        out += known_issues.findings(flags)
+    return out
+
+
+def _target_vllm_version(s: Settings) -> known_issues.Version | None:
+    """The vLLM release the engines will run. Unknown here (None): every open report applies."""
+    return None
+
+
+def _known_issue_problems(findings: list[known_issues.Finding]) -> list[Problem]:
+    return [Problem("known_issue", f.message) for f in findings if not f.accepted]
+
+
+def _speculative_method(config: Any) -> str | None:
+    """engine_args.speculative_config's method (a mapping, or vLLM's JSON string form)."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return known_issues.UNSPECIFIED
+    if not config:
+        return None
+    method = config.get("method") if isinstance(config, dict) else None
+    return str(method) if method else known_issues.UNSPECIFIED
+
+
+def _architecture(s: Settings, m: ModelSettings, *, read_local: bool) -> str | None:
+    """config.json's architecture where it is read, else the box model's catalogue's."""
+    if read_local:
+        try:
+            archs = json.loads((s.model_path(m) / "config.json").read_text()).get("architectures")
+        except (OSError, ValueError, AttributeError):
+            archs = None
+        if isinstance(archs, list) and archs:
+            return str(archs[0])
+    where = f"{m.name} {m.path}".lower()
+    return next((a for key, a in _CATALOGUE_ARCHITECTURES.items() if key.lower() in where), None)
 
 
 # -- placement --------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gateway.text.formats import ReasoningParser, ToolParser
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
+from policies.known_issues import ISSUE_IDS, unknown_issues
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
 
 if TYPE_CHECKING:
@@ -435,11 +436,21 @@ class ModelSettings(_Model):
     vllm_server: VllmServerSettings | None = None
     replay: ReplaySettings = ReplaySettings()
     restart: RestartSettings = RestartSettings()
+    # Open engine-flag reports this model runs anyway (policies/known_issues.py ids, e.g.
+    # "vllm#53912"): `sparkgate check` then warns instead of refusing.
+    accept_known_issues: tuple[str, ...] = ()
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
+
+    @field_validator("accept_known_issues")
+    @classmethod
+    def _known_issues(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if bad := unknown_issues(v):
+            raise ValueError(f"{bad[0]!r} is not a known issue (known: {', '.join(ISSUE_IDS)})")
+        return v
 
     @property
     def names(self) -> tuple[str, ...]:
