@@ -24,7 +24,11 @@ for the emitted token.
 
 The KV spec is a plausible full-attention pool (the tiny Qwen3's 2 layers of 2 KV heads x
 32 dims in bfloat16) so that the gateway's admission works; nothing is cached
-(num_cached_tokens 0).
+(num_cached_tokens 0) unless `prefix_cache` is on: then a prompt's whole blocks are
+remembered per cache_salt, and a later prompt sharing them reports them as cached (never its
+last token, as vLLM). `corrupt_cached` is fault injection for the canary: an answer whose
+prompt was served from that cache comes out changed ("Paris" becomes "Rome"), as a hybrid
+model's corrupted cache hit would.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from engine_adapter.base import (
     check_request,
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
-from engine_adapter.recordings import RECORDINGS, select
+from engine_adapter.recordings import DEFAULT_RECORDING, RECORDINGS, TAG, select
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,14 @@ class ReplayEngineConfig:
     block_size: int = 16
     # Wall seconds between tokens; 0: only yield control to the event loop between them.
     token_delay_s: float = 0.0
+    recording: str = DEFAULT_RECORDING  # for a prompt without a tag
+    prefix_cache: bool = False
+    corrupt_cached: bool = False
+
+
+def corrupted(text: str) -> str:
+    """What `corrupt_cached` answers instead of a recording: another city, or a changed text."""
+    return text.replace("Paris", "Rome") if "Paris" in text else text + " (corrupted)"
 
 
 @dataclass(eq=False)
@@ -96,6 +108,11 @@ class ReplayEngine:
         self._tokenizer: Any = None
         self._eos = -1
         self._ids: dict[str, tuple[int, ...]] = {}  # recording -> its token ids (no EOS)
+        self._corrupted: dict[str, tuple[int, ...]] = {}  # recording -> its corrupted ids
+        # The prefix cache: (salt, a prompt's first k whole blocks) for every k it has seen.
+        self._cached: set[tuple[str | None, tuple[int, ...]]] = set()
+        self._queried_tokens = 0
+        self._hit_tokens = 0
         self._streams: dict[str, _Stream] = {}
         self._running = False
         self._generation_tokens = 0
@@ -114,6 +131,9 @@ class ReplayEngine:
             back = tok.decode(list(ids[name]), skip_special_tokens=True)
             if back != text:  # a recording this tokenizer cannot reproduce would fail every test oddly
                 raise ValueError(f"recording {name!r} does not survive this tokenizer: {back!r}")
+        if self.config.recording not in ids:
+            raise ValueError(f"replay.recording {self.config.recording!r} is not a recording ({', '.join(ids)})")
+        self._corrupted = {n: tuple(tok.encode(corrupted(t), add_special_tokens=False)) for n, t in RECORDINGS.items()}
         self._tokenizer, self._eos, self._ids = tok, eos, ids
         self._running = True
         log.info("replay engine %s: %d recordings", self.name, len(ids))
@@ -149,7 +169,7 @@ class ReplayEngine:
                 KVGroup(kind="full_attention", num_layers=_LAYERS, block_size=c.block_size, page_bytes_per_layer=page),
             ),
             max_model_len=c.max_model_len,
-            prefix_caching=False,
+            prefix_caching=c.prefix_cache,
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_model_len,  # the whole prompt in one step
         )
@@ -186,8 +206,8 @@ class ReplayEngine:
             unfinished=len(self._streams),
             preemptions=0,
             generation_tokens=self._generation_tokens,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
+            prefix_cache_queries=self._queried_tokens,
+            prefix_cache_hits=self._hit_tokens,
             steps=self._steps,
         )
 
@@ -203,7 +223,8 @@ class ReplayEngine:
         if s.n < 1:
             raise EngineRequestInvalid("n must be at least 1")
         check_request(request, max_model_len=self.max_model_len, active=self._streams)
-        name = select(self._tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False))
+        text = self._tokenizer.decode(list(request.prompt_token_ids), skip_special_tokens=False)
+        name = select(text) if TAG.search(text) else self.config.recording
         if name == CRASH:
             self._crash()
             raise EngineUnavailable(f"engine {self.name} died (crash requested)")
@@ -213,6 +234,21 @@ class ReplayEngine:
                 f"{', '.join(self._ids)})"
             )
         return self._ids[name]
+
+    def _cache_lookup(self, request: EngineRequest) -> int:
+        """Prompt tokens found in the prefix cache (whole blocks, never the last token), and
+        the prompt's blocks remembered for the requests after it."""
+        if not self.config.prefix_cache:
+            return 0
+        bs, ids, salt = self.config.block_size, request.prompt_token_ids, request.cache_salt
+        blocks = (len(ids) - 1) // bs
+        hit = 0
+        while hit < blocks and (salt, ids[: (hit + 1) * bs]) in self._cached:
+            hit += 1
+        self._cached.update((salt, ids[: k * bs]) for k in range(1, blocks + 1))
+        self._queried_tokens += len(ids)
+        self._hit_tokens += hit * bs
+        return hit * bs
 
     def _logprobs(self, request: EngineRequest, token_id: int) -> tuple[TokenLogprob, ...] | None:
         k = request.sampling.logprobs
@@ -233,6 +269,9 @@ class ReplayEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         recording = self._recording(request)
+        cached = self._cache_lookup(request)
+        if cached and self.config.corrupt_cached:
+            recording = self._corrupted[next(n for n, ids in self._ids.items() if ids == recording)]
         s = request.sampling
         stream = _Stream(request=request)
         self._streams[request.request_id] = stream
@@ -284,6 +323,7 @@ class ReplayEngine:
                     ),
                     finished=reason is not None,
                     prompt_tokens=len(request.prompt_token_ids),
+                    num_cached_tokens=cached,
                     prompt_logprobs=self._prompt_logprobs(request) if i == 0 else None,
                 )
                 if reason is not None:

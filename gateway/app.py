@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -16,9 +17,10 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import errors, heap, request_log, responses_store
+from gateway import canary, errors, heap, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.canary_state import Result as CanaryResult
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
 from gateway.host_memory import HostMemory, from_settings
@@ -121,6 +123,9 @@ def replay_engine(settings: Settings, model: ModelSettings) -> Engine:
         max_model_len=model.max_model_len,
         max_num_seqs=model.max_num_seqs,
         token_delay_s=model.replay.token_delay_s,
+        recording=model.replay.recording,
+        prefix_cache=model.replay.prefix_cache,
+        corrupt_cached=model.replay.corrupt_cached,
     )
     # It holds no KV: its notional pool fits every slot at the whole context (an agent's request
     # with no max_tokens reserves the context), so admission never refuses what would run.
@@ -240,6 +245,7 @@ def create_app(
         quota = QuotaGate.from_settings(settings.quotas)
         stored = responses_store.from_settings(settings)
         supervisor: Supervisor | None = None
+        canary_task: asyncio.Future[list[CanaryResult]] | None = None
         memory = from_settings(settings.box, host_memory)
         start_s: dict[str, float] = {}
         # Verified tokenizer plans: later starts skip the seconds of checks.
@@ -286,11 +292,18 @@ def create_app(
             )
             if state.router is not None:
                 state.router.down_retry_after = supervisor.retry_after
+                state.router.degraded = state.canary.degraded
             supervisor.start()
+            if settings.canary.on_start:  # in the background: the models serve meanwhile
+                canary_task = asyncio.ensure_future(canary.run(state))
             log.info("sparkgate ready: %s", ", ".join(m.name for m in served))
             with heap.frozen():
                 yield
         finally:
+            if canary_task is not None:
+                canary_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await canary_task
             if supervisor is not None:
                 await supervisor.stop()  # no restart may race the shutdown below
             if memory is not None:

@@ -279,7 +279,7 @@ def plan(
 
 @app.command()
 def check(
-    config: Annotated[Path, typer.Argument(help="The YAML config to check")],
+    config: Annotated[Path | None, typer.Argument(help="The YAML config to check")] = None,
     skip_local: Annotated[
         bool,
         typer.Option(
@@ -288,15 +288,37 @@ def check(
             "for a config meant for another box",
         ),
     ] = False,
+    live: Annotated[
+        str | None,
+        typer.Option(
+            "--live",
+            help="A running gateway's URL: run its canary (each model's answer cold and from the prefix "
+            "cache, compared) and print the results; exit 1 if a model is degraded",
+        ),
+    ] = None,
+    key: Annotated[
+        str | None, typer.Option(help="An admin key for --live", envvar="SPARKGATE_ADMIN_KEY", show_envvar=True)
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="--live: only this model")] = None,
 ) -> None:
-    """Validate a config offline and print its plan: exit 0, or 2 with one `error [code] ...` line per problem."""
+    """Validate a config offline and print its plan: exit 0, or 2 with one `error [code] ...` line per problem.
+    With --live URL, run a running gateway's canary instead."""
     from gateway.check import check_config
 
+    if live is not None:
+        _live_canary(live, key, model)
+        if config is None:
+            return
+    if config is None:
+        typer.echo("sparkgate check: give a CONFIG to check, or --live URL", err=True)
+        raise typer.Exit(2)
     report = check_config(config, skip_local=skip_local)
     if report.plan:
         typer.echo("\n".join(report.plan))
     if report.skipped:
         typer.echo(f"skipped (--skip-local): {', '.join(report.skipped)}", err=not report.ok)
+    for w in report.warnings:
+        typer.echo(f"warning [known_issue] {w}", err=True)
     if report.ok:
         typer.echo(f"ok: {config}")
         return
@@ -304,6 +326,34 @@ def check(
         typer.echo(p.line(), err=True)
     typer.echo(f"sparkgate: {len(report.problems)} problem(s) in {config}", err=True)
     raise typer.Exit(2)
+
+
+def _live_canary(url: str, key: str | None, model: str | None) -> None:
+    """POST /sparkgate/admin/canary and print each model's result; exit 1 if one is degraded
+    (or the canary could not run on it), 2 if the gateway refused or could not be reached."""
+    import httpx
+
+    if not key:
+        typer.echo("sparkgate check --live: an admin key is required (--key or SPARKGATE_ADMIN_KEY)", err=True)
+        raise typer.Exit(2)
+    try:
+        r = httpx.post(
+            url.rstrip("/") + "/sparkgate/admin/canary",
+            params={} if model is None else {"model": model},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=None,  # the canary waits its turn in admission like any request
+        )
+    except httpx.HTTPError as e:
+        typer.echo(f"sparkgate check --live: {url}: {e}", err=True)
+        raise typer.Exit(2) from None
+    if r.status_code != 200:
+        typer.echo(f"sparkgate check --live: {url} answered {r.status_code}: {r.text}", err=True)
+        raise typer.Exit(2)
+    results: dict[str, Any] = r.json()["results"]
+    for name, res in results.items():
+        typer.echo(f"{res['status']:>8} {name}: {res['reason']}")
+    if any(res["status"] in ("degraded", "error") for res in results.values()):
+        raise typer.Exit(1)
 
 
 @app.command("codex-config")

@@ -142,6 +142,8 @@ def _models(state: AppState) -> list[dict[str, Any]]:
                 "in_flight": state.counters.by_model_inflight.get(m.name, 0),
                 "generation_tokens": stats.generation_tokens,
                 "preemptions": stats.preemptions,
+                # The canary found its cached answers wrong (gateway/canary.py): aliases avoid it.
+                "degraded": m.name in state.canary.degraded(),
             }
         )
     return out
@@ -263,6 +265,8 @@ async def data(state: AppState) -> dict[str, Any]:
         "users_error": users_error,
         "rejections": [dataclasses.asdict(r) for r in reversed(state.recent.rejections)],
         "quota": _quota(state),
+        # Each model's last canary result, where one ran (gateway/canary.py).
+        "canary": {m.name: v for m in state.registry if (v := state.canary.view(m.name)) is not None},
         # The memory guard (gateway/host_memory.py); None without box.min_free.
         "host_memory": None if state.memory is None else state.memory.view(),
     }

@@ -325,6 +325,7 @@ class LiveCollector(Collector):
         yield from self._quota()
         yield from self._auth()
         yield from self._routing()
+        yield from self._canary()
         yield from self._memory()
         for m in models:
             yield from _engine_families(m.engine)
@@ -413,6 +414,23 @@ class LiveCollector(Collector):
             "Requests refused because host memory was below box.min_free.",
             [],
             [([], float(watch.refused))],
+        )
+
+    def _canary(self) -> Iterator[Metric]:
+        book = getattr(self.state, "canary", None)  # (the docs generator's empty state has none)
+        names = [m.name for m in self.state.registry]
+        bad = set() if book is None else book.degraded()
+        yield _gauge(
+            "sparkgate_model_degraded",
+            "1 when the canary found the model answering differently from its prefix cache.",
+            ["model"],
+            (([n], float(n in bad)) for n in names),
+        )
+        yield _counter(
+            "sparkgate_canary_runs",
+            "Canary runs per model, by result (ok, degraded, skipped, error).",
+            ["model", "result"],
+            (([m, r], float(v)) for (m, r), v in sorted((book.runs if book is not None else {}).items())),
         )
 
     def _canary(self) -> Iterator[Metric]:

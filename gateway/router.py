@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from gateway.auth import Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable, retry_after_header
@@ -90,6 +90,9 @@ class Router:
         # When models that are down should serve again (None: not soon); the engine
         # supervisor sets it (gateway/supervisor.py), else the load model's guess is used.
         self.down_retry_after: Callable[[Sequence[str]], float | None] | None = None
+        # Models the canary found degraded (gateway/canary.py): aliases go elsewhere while
+        # another model may serve.
+        self.degraded: Callable[[], Collection[str]] = lambda: frozenset()
 
     def recheck_line(self, model: str, slo: str) -> asyncio.Lock:
         """The line held requests of class `slo` wait in for `model` (first come, first
@@ -102,10 +105,13 @@ class Router:
     def candidates(self, requested: str, principal: Principal, resolve: Callable[[str], ServedModel]) -> list[str]:
         """The models this request may go to, best first (an explicit model first of all)."""
         usable = [n for n in self.model.lanes if principal.may_use(self.served[n].settings.names)]
+        bad = self.degraded()
+        sound = [n for n in usable if n not in bad]
         if self.is_alias(requested):
-            return usable
+            return sound or usable  # a degraded model still serves when it is the only one
+        # A model named explicitly is served as asked; substitutes exclude degraded ones.
         own = resolve(requested).name
-        rest = [n for n in usable if n != own]
+        rest = [n for n in sound if n != own]
         return [own, *rest] if self._may_substitute(principal) else [own]
 
     def _may_substitute(self, principal: Principal) -> bool:

@@ -278,6 +278,12 @@ class ReplaySettings(_Model):
     """A replay engine (engine: replay): recorded Qwen3 text, no model (engine_adapter/replay.py)."""
 
     token_delay_s: float = Field(0.0, ge=0)  # wall seconds between tokens
+    recording: str = "answer"  # the recording a prompt without a [[replay:NAME]] tag gets
+    # A simulated prefix cache (per cache_salt, whole blocks), so cached_tokens mean something.
+    prefix_cache: bool = False
+    # Fault injection for the canary's tests: an answer served from that cache comes out
+    # changed (Paris becomes Rome), as a hybrid model's corrupted cache hit would.
+    corrupt_cached: bool = False
 
 
 class RemoteSettings(_Model):
@@ -437,8 +443,10 @@ class ModelSettings(_Model):
     replay: ReplaySettings = ReplaySettings()
     restart: RestartSettings = RestartSettings()
     # Open engine-flag reports this model runs anyway (policies/known_issues.py ids, e.g.
-    # "vllm#53912"): `sparkgate check` then warns instead of refusing.
+    # "vllm#53912"): `sparkgate check` then warns instead of refusing; the canary watches it.
     accept_known_issues: tuple[str, ...] = ()
+    # Run the canary on this model (None: where it means something: not on simulated engines).
+    canary: bool | None = None
 
     @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
     @classmethod
@@ -522,6 +530,18 @@ class ResponsesSettings(_Model):
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store keeps at most this many (the oldest go first); Redis is bounded by the TTL.
     max_stored: int = Field(1000, ge=1)
+
+
+class CanarySettings(_Model):
+    """A fixed tool-call prompt sent to each model twice, cold then from its prefix cache, at
+    temperature 0 (gateway/canary.py): different tool calls, or no cached tokens where prefix
+    caching is on, mark the model degraded. On demand: POST /sparkgate/admin/canary."""
+
+    # Also once at start-up, in the background. Off by default: every test and dev gateway
+    # would pay two requests per model; the DGX Spark configs turn it on.
+    on_start: bool = False
+    max_tokens: int = Field(256, ge=16)  # room for the call (and any thinking before it)
+    timeout_s: float = Field(600.0, gt=0)  # per model, both requests, queueing included
 
 
 class MetricsSettings(_Model):
@@ -753,6 +773,7 @@ class Settings(BaseSettings):
     box: BoxSettings | None = None
     routing: RoutingSettings = RoutingSettings()
     metrics: MetricsSettings = MetricsSettings()
+    canary: CanarySettings = CanarySettings()
     placement: PlacementSettings | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."

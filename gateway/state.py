@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
+from gateway.canary_state import Book as CanaryBook
 from gateway.dashboard import Recent
 from gateway.drain import Drain
 from gateway.failed_auth import FailedAuthTable
@@ -52,6 +53,8 @@ class AppState:
     failed_auth: FailedAuthTable = field(default_factory=lambda: FailedAuthTable(FailedAuthSettings()))
     # Engine deaths and restarts (gateway/supervisor.py); the app's lifespan starts it.
     supervisor: Supervisor | None = None
+    # What the canary found per model (gateway/canary.py): degraded models are avoided by routing.
+    canary: CanaryBook = field(default_factory=CanaryBook)
     # The run-time memory guard (gateway/host_memory.py): None without box.min_free.
     memory: MemoryWatch | None = None
 

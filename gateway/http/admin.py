@@ -4,6 +4,7 @@ POST   /sparkgate/admin/keys            create a key; the key itself is shown on
 GET    /sparkgate/admin/keys            list keys (never their hashes)
 DELETE /sparkgate/admin/keys/{id}       revoke (store keys; config keys live in the config)
 GET    /sparkgate/admin/usage?key_id=|user=|team=
+POST   /sparkgate/admin/canary?model=   run the canary (gateway/canary.py) now: every model, or one
 GET    /sparkgate/usage                 the calling key's own usage and limits
 
 Every route under /sparkgate/admin, and any path there that is no route, goes through
@@ -21,6 +22,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway import canary
 from gateway.errors import InvalidRequest, RouteNotFound
 from gateway.http.deps import Caller, State, get_admin
 from gateway.quota import KeyRecord, ScopeUsage
@@ -138,6 +140,18 @@ async def admin_usage(
     if kind == "key":
         body["key"] = _public(await _key(state, value))
     return body
+
+
+@admin_router.post("/canary")
+async def run_canary(state: State, model: str | None = Query(None)) -> dict[str, Any]:
+    """Each model's (or `model`'s) answer cold and from its prefix cache, compared; a model
+    whose answers differ is marked degraded until a run passes. Runs one at a time."""
+    models = None if model is None else [state.registry.resolve(model)]  # 404 for an unknown name
+    results = await canary.run(state, models)
+    return {
+        "results": {r.model: state.canary.view(r.model) or r.view() for r in results},
+        "degraded": sorted(state.canary.degraded()),
+    }
 
 
 @admin_router.api_route(

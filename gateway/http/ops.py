@@ -65,6 +65,9 @@ def readiness(state: AppState | None) -> tuple[list[str], list[str]]:
             warnings.append("quota store: redis unreachable (serving on local limits)")
     if state.draining:
         reasons.append("draining")
+    # A degraded model still serves (routing sends aliases elsewhere): a warning, not a reason.
+    for name in sorted(state.canary.degraded()):
+        warnings.append(f"model {name}: degraded (canary: {state.canary.verdicts[name].reason})")
     if state.memory is not None and (low := state.memory.reason()) is not None:
         reasons.append(low)
     return reasons, warnings
@@ -78,6 +81,8 @@ def engine_health(state: AppState) -> dict[str, dict[str, Any]]:
         view = dict(views.get(m.name) or {"state": "up", "deaths": 0, "restarts": 0})
         if view["state"] == "up" and not m.engine.is_healthy:  # dead, not yet noticed by its watch
             view["state"] = "unavailable"
+        if (canary := state.canary.view(m.name)) is not None:
+            view["canary"] = canary  # the last canary's result (gateway/canary.py)
         out[m.name] = view
     return out
 
