@@ -433,23 +433,6 @@ class LiveCollector(Collector):
             (([m, r], float(v)) for (m, r), v in sorted((book.runs if book is not None else {}).items())),
         )
 
-    def _canary(self) -> Iterator[Metric]:
-        book = getattr(self.state, "canary", None)  # (the docs generator's empty state has none)
-        names = [m.name for m in self.state.registry]
-        bad = set() if book is None else book.degraded()
-        yield _gauge(
-            "sparkgate_model_degraded",
-            "1 when the canary found the model answering differently from its prefix cache.",
-            ["model"],
-            (([n], float(n in bad)) for n in names),
-        )
-        yield _counter(
-            "sparkgate_canary_runs",
-            "Canary runs per model, by result (ok, degraded, skipped, error).",
-            ["model", "result"],
-            (([m, r], float(v)) for (m, r), v in sorted((book.runs if book is not None else {}).items())),
-        )
-
     def _routing(self) -> Iterator[Metric]:
         router = self.state.router
         if router is None:
