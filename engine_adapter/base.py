@@ -32,6 +32,15 @@ class EngineUnavailable(EngineError):
     """The engine cannot serve: dead, shut down or never started."""
 
 
+class EngineOverloaded(EngineUnavailable):
+    """The engine's box takes no new work for now (an engine host's memory guard): retry in
+    `retry_after_s`. Still unavailable to code that knows no better."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, kw_only=True)
 class StructuredOutput:
     """A constraint on the output: exactly one of the fields is set."""

@@ -27,6 +27,8 @@ import pydantic
 
 from engine_adapter.base import (
     EngineChunk,
+    EngineError,
+    EngineOverloaded,
     EngineRequest,
     EngineRequestInvalid,
     EngineUnavailable,
@@ -65,6 +67,26 @@ def _message(response: httpx.Response) -> str:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:200] or response.reason_phrase
+
+
+def _refused(response: httpx.Response, where: str) -> EngineError:
+    """A host's refusal of a generate call: the client's error (400), the host's box out of
+    memory for now (503 `server_overloaded`: the gateway answers overloaded, with the host's
+    Retry-After), or the engine unavailable."""
+    if response.status_code == 400:
+        return EngineRequestInvalid(_message(response))
+    message = f"{where}: HTTP {response.status_code}: {_message(response)}"
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    if response.status_code == 503 and code == "server_overloaded":
+        try:
+            retry: float | None = float(response.headers["Retry-After"])
+        except (KeyError, ValueError):
+            retry = None
+        return EngineOverloaded(message, retry)
+    return EngineUnavailable(message)
 
 
 class RemoteEngine(PolledEngine):
@@ -174,11 +196,7 @@ class RemoteEngine(PolledEngine):
             async with self._http.stream("POST", "/generate", content=body) as r:
                 if r.status_code != 200:
                     await r.aread()
-                    if r.status_code == 400:
-                        raise EngineRequestInvalid(_message(r))
-                    raise EngineUnavailable(
-                        f"engine {c.name} on {c.shown_address}: HTTP {r.status_code}: {_message(r)}"
-                    )
+                    raise _refused(r, f"engine {c.name} on {c.shown_address}")
                 async for line in r.aiter_lines():
                     if not line:
                         continue

@@ -26,6 +26,10 @@ calls get 503 `server_shutting_down`, stats and claims say the engine is unhealt
 gateways stop sending it work), running streams finish within `server.drain_grace_s`, then
 the rest are aborted (the engine's "abort" ends each) and the host exits 0. Stats, aborts and
 claim releases stay served meanwhile.
+
+With `box.min_free` the host guards its box's memory as the gateway does (gateway/host_memory.py):
+below the floor a generate call gets 503 `server_overloaded` with Retry-After, which the
+gateway's remote engine answers as overloaded (503, or 529 on the Messages API).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from gateway.errors import (
     ShareUnavailable,
 )
 from gateway.failed_auth import FailedAuthTable
+from gateway.host_memory import HostMemory, MemoryWatch, from_settings
 from gateway.http.deps import client_address
 from gateway.http.draining import DrainingMiddleware
 from gateway.http.json_body import JSONRoute
@@ -87,6 +92,8 @@ class HostState:
     claim_ttl_s: float = CLAIM_TTL_S
     heartbeat_s: float = HEARTBEAT_S
     drain: Drain = dataclasses.field(default_factory=Drain)
+    # The box's memory guard (gateway/host_memory.py): None without box.min_free.
+    memory: MemoryWatch | None = None
 
     def healthy(self, hosted: HostedEngine) -> bool:
         """What the gateways are told: a draining host's engines take no new work."""
@@ -203,6 +210,10 @@ async def generate(model: str, body: GenerateFrame, state: Host, gateway: Gatewa
     request = dataclasses.replace(body.request, request_id=_engine_request_id(gateway, body.request.request_id))
     if not hosted.engine.is_healthy:
         raise EngineUnavailableError(f"Engine {model} is not available on this host.")
+    # This box's memory below its floor: 503 server_overloaded, which the gateway's remote
+    # engine turns into its own overloaded answer (engine_adapter/remote.py). Streams running go on.
+    if state.memory is not None and (low := state.memory.refusal()) is not None:
+        raise low
 
     async def frames() -> AsyncIterator[bytes]:
         # The engine's output is pumped through a queue so that an empty line can go out
@@ -256,15 +267,21 @@ def host_refuses(scope: Scope) -> bool:
 
 
 def create_host_app(
-    settings: Settings, token: str, engine_factory: EngineFactory = vllm_engine, drain: Drain | None = None
+    settings: Settings,
+    token: str,
+    engine_factory: EngineFactory = vllm_engine,
+    drain: Drain | None = None,
+    host_memory: HostMemory | None = None,
 ) -> FastAPI:
     """Start every model of the config as a bare engine; no admission, quotas or routing
-    here: those belong to the gateways that claim the engines."""
+    here: those belong to the gateways that claim the engines. With box.min_free, the box's
+    memory guard refuses new generate calls below it (`host_memory`: what it reads)."""
     drain = Drain(settings.server.drain_grace_s) if drain is None else drain
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hosted: dict[str, HostedEngine] = {}
+        memory = from_settings(settings.box, host_memory)
         try:
             engines = [(model, engine_factory(settings, model)) for model in settings.models]
             await start_engines(engines, settings.server.engine_start, {})
@@ -274,11 +291,19 @@ def create_host_app(
                 log.info("hosting %s: %d blocks x %d tokens, %d slots", model.name, spec.usable_blocks,
                          spec.block_size, spec.max_num_seqs)  # fmt: skip
             app.state.host = HostState(
-                engines=hosted, token=token, failed_auth=FailedAuthTable(settings.auth.failed), drain=drain
+                engines=hosted,
+                token=token,
+                failed_auth=FailedAuthTable(settings.auth.failed),
+                drain=drain,
+                memory=memory,
             )
+            if memory is not None:
+                memory.start()
             with heap.frozen():  # it holds vLLM as a gateway does (gateway/heap.py)
                 yield
         finally:
+            if memory is not None:
+                await memory.stop()
             for h in hosted.values():
                 await h.engine.shutdown()
 

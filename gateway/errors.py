@@ -53,7 +53,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
+from engine_adapter.base import EngineError, EngineOverloaded, EngineRequestInvalid, EngineUnavailable
 from gateway import request_log
 from gateway.redaction import redact
 from policies.demand import Reject, RejectReason
@@ -390,6 +390,9 @@ def from_exception(exc: BaseException) -> GatewayError:
         return exc
     if isinstance(exc, EngineRequestInvalid):
         return InvalidRequest(str(exc))
+    if isinstance(exc, EngineOverloaded):  # an engine host's memory guard: overloaded, as here
+        retry = exc.retry_after_s
+        return Overloaded(str(exc), headers={} if retry is None else {"Retry-After": _retry_after(retry)})
     if isinstance(exc, EngineUnavailable):
         return EngineUnavailableError(str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, EngineError):
