@@ -7,8 +7,15 @@ engine starts, and each engine is told its exact KV bytes.
 
 Everything an engine holds is counted: its weights (its shard of them under
 tensor parallelism), a per-layer n-gram embedding table (Qwen4Exp's PLE) by dtype and
-placement, that table's prefetch buffer, and a KV pool in whole blocks that must hold
+placement, that table's lookup buffers, and a KV pool in whole blocks that must hold
 every running sequence's state blocks besides one max_model_len sequence.
+
+And the box's worst moment: every engine's KV allocated while an engine starting also holds
+its start-up transient (CUDA-graph capture, kernel autotuning: vLLM does both after it
+allocates the pool), the largest one when engines start one after another, all of them when
+they start side by side. The plan keeps a floor of free memory even then, for
+the page cache and the host: on a unified-memory box a plan that runs it dry wedges the
+whole machine (docs/operator-guide.md, "The box never wedges").
 """
 
 from __future__ import annotations
@@ -21,15 +28,21 @@ GiB = 1024**3
 MiB = 1024**2
 
 PleDtype = Literal["bf16", "fp8"]
-# host: pinned host memory (vLLM 0.32's `--engram-config '{"cpu_offload": true}'`, the default);
+# host: pinned host memory (`--engram-config '{"cpu_offload": true}'`, vLLM's default);
 # device: GPU memory (cpu_offload false). On a DGX Spark both are the same LPDDR5X, and pinned
-# pages cannot be evicted: both count against the box. disk: file-backed, read through the page
-# cache (only a vLLM build with disk-backed PLE has it; stock 0.32 does not).
+# pages cannot be evicted: both count against the box. disk: the rows stay in the checkpoint
+# files and each step's are read on the host through the page cache (`{"disk_offload": true}`,
+# vLLM >= 0.34: gateway/vllm_versions.py).
 PlePlacement = Literal["host", "device", "disk"]
 _PLE_DTYPE_BYTES = {"bf16": 2, "fp8": 1}
-# Rows the PLE lookup gathers per token into its prefetch buffer (docs: flash-next.md section 4:
-# max_num_batched_tokens x 16 x 160 B for Qwen3.8-Flash-Next's 160-wide table).
+# Rows one token looks up: Qwen4Exp's n-gram heads, (ngram_size - 1) x heads_per_ngram = 2 x 8
+# for Qwen3.8-Flash-Next (vLLM 0.34 models/qwen4_exp/nvidia/ngram_embedding.py, ngram_heads).
 PLE_ROWS_PER_TOKEN = 16
+# Disk placement, per step token and row (vLLM 0.34 Qwen4ExpPLEDiskOffloadEmbedding.__init__,
+# sized for max_num_batched_tokens): a pinned int64 id, and three copies of the row (device
+# staging, pinned host rows, the distinct-row read buffer).
+_DISK_ID_BYTES = 8
+_DISK_ROW_COPIES = 3
 
 
 def fmt_bytes(n: int) -> str:
@@ -44,25 +57,38 @@ class PleTable:
     dim: int
     dtype: PleDtype = "fp8"
     placement: PlePlacement = "host"
-    requires_build: str | None = None  # the non-stock vLLM build a disk placement needs
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * _PLE_DTYPE_BYTES[self.dtype]
 
     @property
     def bytes(self) -> int:
-        return self.rows * self.dim * _PLE_DTYPE_BYTES[self.dtype]
+        return self.rows * self.row_bytes
 
     @property
     def resident(self) -> int:
         """Bytes it pins in the box's memory (0 on disk: page cache, evictable)."""
         return 0 if self.placement == "disk" else self.bytes
 
-    def prefetch_bytes(self, max_num_batched_tokens: int) -> int:
-        """The side-stream prefetch buffer: a step's tokens x rows per token x dim bytes."""
-        return max_num_batched_tokens * PLE_ROWS_PER_TOKEN * self.dim
+    def buffer_bytes(self, max_num_batched_tokens: int) -> int:
+        """What the lookup holds besides the table, for a step of that many tokens. host: the
+        side-stream prefetch buffer of rows (common/ngram_embedding.py, _prefetch_buffer);
+        device: nothing (no prefetch); disk: the ids and three copies of the rows."""
+        rows = max_num_batched_tokens * PLE_ROWS_PER_TOKEN
+        if self.placement == "host":
+            return rows * self.row_bytes
+        if self.placement == "disk":
+            return rows * (_DISK_ID_BYTES + _DISK_ROW_COPIES * self.row_bytes)
+        return 0
 
     def describe(self) -> str:
-        where = {"host": "pinned host memory", "device": "device memory", "disk": "on disk, via the page cache"}
-        text = f"{self.rows:,} x {self.dim} {self.dtype} = {fmt_bytes(self.bytes)}, {where[self.placement]}"
-        return text + (f" (needs {self.requires_build})" if self.requires_build else "")
+        where = {
+            "host": "pinned host memory",
+            "device": "device memory",
+            "disk": "on disk, read through the page cache (evictable: not counted)",
+        }
+        return f"{self.rows:,} x {self.dim} {self.dtype} = {fmt_bytes(self.bytes)}, {where[self.placement]}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,24 +110,27 @@ class ModelMemory:
     kv_cache: int | None = None  # fixed KV bytes on this box; None = a share of what is left
     kv_share: float = 1.0  # weight of this model in splitting what is left
     ple: PleTable | None = None
-    max_num_batched_tokens: int = 0  # sizes the PLE prefetch buffer
+    max_num_batched_tokens: int = 0  # sizes the PLE lookup buffers
     kv_blocks: KvBlocks | None = None  # None: the pool is counted in bytes only
     max_num_seqs: int = 1
     max_model_len: int = 0
     shards: int = 1  # tensor parallelism over boxes: this box holds 1/shards of weights, table and KV
+    # Held at start-up on top of all of the above, then released: CUDA-graph capture and kernel
+    # autotuning, which vLLM runs after it allocates the KV pool.
+    startup: int = 0
 
     @property
     def ple_bytes(self) -> int:
         return 0 if self.ple is None else self.ple.resident // self.shards
 
     @property
-    def prefetch(self) -> int:
-        return 0 if self.ple is None else self.ple.prefetch_bytes(self.max_num_batched_tokens)
+    def ple_buffers(self) -> int:
+        return 0 if self.ple is None else self.ple.buffer_bytes(self.max_num_batched_tokens)
 
     @property
     def fixed(self) -> int:
         """What the model pins on this box before any shared KV."""
-        return self.weights // self.shards + self.overhead + self.ple_bytes + self.prefetch + (self.kv_cache or 0)
+        return self.weights // self.shards + self.overhead + self.ple_bytes + self.ple_buffers + (self.kv_cache or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +138,14 @@ class MemoryPlan:
     kv_cache: dict[str, int]  # model -> KV bytes its engine gets (whole blocks where known)
     unplanned: int  # bytes left over (0 when some model takes a share, but for block rounding)
     lines: tuple[str, ...]  # the plan as readable lines, for logs and /sparkgate/stats
-    used: int = 0  # bytes the plan puts on the box, reserve included
+    used: int = 0  # bytes the plan puts on the box once started, reserve included
+    worst_free: int = 0  # bytes still free at the worst moment (the engines starting together)
 
 
 @dataclass(frozen=True, slots=True)
 class PlanDoesNotFit:
     message: str
-    over: int = 0  # bytes more than the box has (0: it is short of KV blocks instead)
+    over: int = 0  # bytes more than the box has, or under the floor (0: short of KV blocks)
 
 
 def min_kv_blocks(blocks: KvBlocks, *, max_num_seqs: int, max_model_len: int) -> int:
@@ -131,8 +161,9 @@ def _model_line(m: ModelMemory) -> str:
     if m.ple is not None:
         part = f"1/{m.shards} of " if m.shards > 1 and m.ple.resident else ""
         text += f" + n-gram table {fmt_bytes(m.ple_bytes)} ({part}{m.ple.describe()})"
-        text += f" + its prefetch buffer {m.prefetch / MiB:.0f} MiB"
-    return text + f" + KV {pool}"
+        text += f" + its lookup buffers {m.ple_buffers / MiB:.0f} MiB"
+    text += f" + KV {pool}"
+    return text + (f"; at start-up {fmt_bytes(m.startup)} more" if m.startup else "")
 
 
 def _blocks_line(m: ModelMemory, kv: int) -> str | None:
@@ -149,12 +180,22 @@ def _blocks_line(m: ModelMemory, kv: int) -> str | None:
 
 
 def plan_memory(
-    *, total: int, reserved: int, models: Sequence[ModelMemory], min_kv: int = 1
+    *,
+    total: int,
+    reserved: int,
+    models: Sequence[ModelMemory],
+    min_kv: int = 1,
+    min_free: int = 0,
+    side_by_side: bool = False,
 ) -> MemoryPlan | PlanDoesNotFit:
-    """Fixed parts first (reserve, weights, tables, buffers, overheads, fixed KV pools); the
-    rest is split between the models without a fixed pool, in proportion to `kv_share`, and
-    every pool of known geometry is cut to whole blocks and must hold `min_kv_blocks`."""
+    """Fixed parts first (reserve, weights, tables, buffers, overheads, fixed KV pools), then
+    the worst moment's start-up transients and the floor of free memory; the rest is split
+    between the models without a fixed pool, in proportion to `kv_share`, and every pool of
+    known geometry is cut to whole blocks and must hold `min_kv_blocks`."""
     fixed = reserved + sum(m.fixed for m in models)
+    startups = [m.startup for m in models]
+    peak = sum(startups) if side_by_side else max(startups, default=0)
+    starting = "every engine starting" if side_by_side else "the largest engine starting"
     lines = [f"box memory {fmt_bytes(total)}, reserved for OS and gateway {fmt_bytes(reserved)}"]
     lines += [_model_line(m) for m in models]
     rest = total - fixed
@@ -163,6 +204,17 @@ def plan_memory(
             "the models do not fit in the box's memory: "
             + "; ".join(lines)
             + f"; that is {fmt_bytes(fixed)} before any shared KV, {fmt_bytes(-rest)} more than the box has.",
+            over=-rest,
+        )
+    rest -= peak + min_free
+    if rest < 0:
+        return PlanDoesNotFit(
+            "the plan leaves less than the floor of free memory (box.min_free "
+            f"{fmt_bytes(min_free)}) at the box's worst moment: "
+            + "; ".join(lines)
+            + f"; with {starting} ({fmt_bytes(peak)} of start-up transients) "
+            f"{fmt_bytes(rest + min_free)} would be free before any shared KV, "
+            f"{fmt_bytes(-rest)} under the floor.",
             over=-rest,
         )
     sharing = [m for m in models if m.kv_cache is None]
@@ -200,6 +252,12 @@ def plan_memory(
     lines.append("  KV cache: " + ", ".join(f"{name} {fmt_bytes(b)}" for name, b in kv.items()))
     lines += [line for m in models if (line := _blocks_line(m, kv[m.name])) is not None]
     lines.append(f"  unplanned: {fmt_bytes(rest)}")
-    used = total - rest
+    used = total - rest - peak - min_free
     lines.append(f"  total: {fmt_bytes(used)} of {fmt_bytes(total)} ({fmt_bytes(total - used)} free)")
-    return MemoryPlan(kv_cache=kv, unplanned=rest, lines=tuple(lines), used=used)
+    worst = rest + min_free
+    if peak or min_free:
+        lines.append(
+            f"  worst moment, {starting} ({fmt_bytes(peak)} of start-up transients): "
+            f"{fmt_bytes(worst)} free, floor {fmt_bytes(min_free)}"
+        )
+    return MemoryPlan(kv_cache=kv, unplanned=rest, lines=tuple(lines), used=used, worst_free=worst)

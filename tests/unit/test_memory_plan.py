@@ -110,7 +110,11 @@ def test_the_ngram_table_by_dtype_and_placement() -> None:
     assert _table("fp8").bytes == 51_200_245_760 and f"{_table('fp8').bytes / GiB:.2f}" == "47.68"
     assert _table(placement="host").resident == _table(placement="device").resident == 51_200_245_760
     assert _table(placement="disk").resident == 0  # the page cache's, evictable
-    assert _table().prefetch_bytes(4096) == 4096 * 16 * 160 == 10 * 1024**2
+    assert _table().buffer_bytes(4096) == 4096 * 16 * 160 == 10 * 1024**2  # host: the prefetch rows
+    assert _table("bf16").buffer_bytes(4096) == 20 * 1024**2
+    assert _table(placement="device").buffer_bytes(4096) == 0  # no prefetch
+    # disk (vLLM 0.34): an int64 id and three copies of each row a step looks up
+    assert _table(placement="disk").buffer_bytes(4096) == 4096 * 16 * (8 + 3 * 160) == 30.5 * 1024**2
 
 
 def test_flash_next_on_one_spark_does_not_fit_with_its_table_in_memory() -> None:
@@ -122,14 +126,14 @@ def test_flash_next_on_one_spark_does_not_fit_with_its_table_in_memory() -> None
 
 
 def test_the_pool_is_whole_blocks_with_state_blocks_per_request() -> None:
-    """Table on disk (a non-stock build): 18 GiB -> 472 blocks of 3,136 tokens (flash-next.md)."""
+    """Table on disk: 18 GiB -> 472 blocks of 3,136 tokens (flash-next.md)."""
     plan = plan_memory(total=SPARK, reserved=0, models=[_flash(ple=_table(placement="disk"), kv_cache=19_327_352_832)])
     assert isinstance(plan, MemoryPlan)
     assert plan.kv_cache == {"flash": 472 * 40_943_616}
     assert "flash KV: 472 blocks of 3136 tokens (39.05 MiB), 36 of them state blocks for 4 sequences" in "\n".join(
         plan.lines
     )
-    assert plan.unplanned == SPARK - FLASH_WEIGHTS - 10 * 1024**2 - 472 * 40_943_616
+    assert plan.unplanned == SPARK - FLASH_WEIGHTS - 30.5 * 1024**2 - 472 * 40_943_616
     assert min_kv_blocks(BLOCKS, max_num_seqs=4, max_model_len=262_144) == 84 + 36
     no_prefix = KvBlocks(block_bytes=40_943_616, block_tokens=3136, state_blocks=5)
     assert min_kv_blocks(no_prefix, max_num_seqs=4, max_model_len=262_144) == 84 + 20
@@ -162,7 +166,7 @@ def test_settings_feed_the_table_and_blocks() -> None:
                 "max_model_len": 262144,
                 "max_num_batched_tokens": 4096,
                 "enable_prefix_caching": False,
-                "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": "a fork"},
+                "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"},
                 "kv_blocks": {"block_bytes": 40943616, "block_tokens": 3136, "state_groups": 4, "ring_groups": 1},
             }
         ],
@@ -170,7 +174,53 @@ def test_settings_feed_the_table_and_blocks() -> None:
     )
     mm = model_memory(s.models[0])
     assert mm.kv_blocks == KvBlocks(block_bytes=40943616, block_tokens=3136, state_blocks=5)  # prefix caching off
-    assert mm.ple is not None and mm.ple.requires_build == "a fork" and mm.ple_bytes == 0
+    assert mm.ple is not None and mm.ple.placement == "disk" and mm.ple_bytes == 0
     assert isinstance(s.memory_plan(), MemoryPlan)
-    with pytest.raises(ValueError, match=r"stock vLLM 0\.32 has no disk-backed n-gram table"):
-        Settings(models=[{"name": "m", "path": "x", "ple_table": {"rows": 1, "dim": 1, "placement": "disk"}}])  # type: ignore[list-item]
+    # The placement is what vLLM gets, as its engram_config, over what engine_args say.
+    assert s.models[0].vllm_engine_args()["engram_config"] == {"disk_offload": True}
+    assert s.models[0].vllm_features() == ["ple_table", "ple_disk"]
+    host = s.models[0].model_copy(
+        update={
+            "ple_table": s.models[0].ple_table.model_copy(update={"placement": "host"}),  # type: ignore[union-attr]
+            "engine_args": {"engram_config": {"use_thp": True, "cpu_offload": False}},
+        }
+    )
+    assert host.vllm_engine_args()["engram_config"] == {"use_thp": True, "cpu_offload": True}
+    assert host.vllm_features() == ["ple_table"]
+
+
+def test_the_floor_holds_at_the_worst_moment() -> None:
+    """Every engine's KV allocated and engines starting (their transients held): the floor of
+    free memory still holds, and the KV pools take only what is left after both. One after
+    another, the largest transient counts; side by side, all of them."""
+    a = ModelMemory(name="a", weights=20 * GiB, startup=2 * GiB)
+    b = ModelMemory(name="b", weights=22 * GiB, startup=3 * GiB)
+    plan = plan_memory(total=SPARK, reserved=24 * GiB, models=[a, b], min_free=4 * GiB, side_by_side=True)
+    assert isinstance(plan, MemoryPlan)
+    # 121.6 - 24 - 42 - 5 (both transients) - 4 (the floor) = 46.6 GiB of KV, 23.3 each.
+    assert f"{plan.kv_cache['a'] / GiB:.2f}" == f"{plan.kv_cache['b'] / GiB:.2f}" == "23.30"
+    assert plan.worst_free == 4 * GiB + plan.unplanned
+    assert plan.used == SPARK - plan.unplanned - 9 * GiB  # once started, the transients are free again
+    text = "\n".join(plan.lines)
+    assert (
+        "worst moment, every engine starting (5.00 GiB of start-up transients): 4.00 GiB free, floor 4.00 GiB" in text
+    )
+    assert "a: weights 20.00 GiB + overhead 0.00 GiB + KV share of the rest; at start-up 2.00 GiB more" in text
+    one_by_one = plan_memory(total=SPARK, reserved=24 * GiB, models=[a, b], min_free=4 * GiB)
+    assert isinstance(one_by_one, MemoryPlan)
+    assert f"{one_by_one.kv_cache['a'] / GiB:.2f}" == "24.30"  # 121.6 - 24 - 42 - 3 - 4 = 48.6
+    assert "worst moment, the largest engine starting (3.00 GiB" in "\n".join(one_by_one.lines)
+
+
+def test_a_plan_under_the_floor_says_by_how_much() -> None:
+    """Fixed pools that leave less than the floor at the worst moment do not fit, by that much."""
+    a = ModelMemory(name="a", weights=20 * GiB, kv_cache=70 * GiB, startup=3 * GiB)
+    plan = plan_memory(total=SPARK, reserved=24 * GiB, models=[a], min_free=6 * GiB)
+    assert isinstance(plan, PlanDoesNotFit)
+    # 121.6 - 24 - 20 - 70 = 7.6 GiB free once started; starting, 3 GiB less: 4.6 < 6.
+    assert f"{plan.over / GiB:.2f}" == "1.40"
+    assert "box.min_free 6.00 GiB" in plan.message and "4.60 GiB would be free" in plan.message
+    assert "1.40 GiB under the floor" in plan.message
+    no_floor = plan_memory(total=SPARK, reserved=24 * GiB, models=[a])
+    assert isinstance(no_floor, MemoryPlan) and "worst moment" in "\n".join(no_floor.lines)
+    assert no_floor.worst_free == no_floor.unplanned
