@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from gateway.canary_state import Book, Result
 from gateway.http.ops import readiness
 from gateway.logs import JsonFormatter
 from gateway.request_log import RequestLog, client_request_id
@@ -42,7 +43,12 @@ def _state(*, healthy: bool = True, quota_down: bool = False, on_outage: str = "
     engine = SimpleNamespace(is_healthy=healthy)
     quota = SimpleNamespace(is_down=quota_down, settings=SimpleNamespace(on_outage=on_outage))
     return SimpleNamespace(
-        registry=[SimpleNamespace(name="tiny", engine=engine)], quota=quota, draining=draining, supervisor=None
+        registry=[SimpleNamespace(name="tiny", engine=engine)],
+        quota=quota,
+        draining=draining,
+        supervisor=None,
+        canary=Book(),
+        memory=None,
     )
 
 
@@ -54,6 +60,10 @@ def test_readiness_names_every_reason() -> None:
     # Fail-open serves on local limits while Redis is away: ready, with a warning.
     reasons, warnings = readiness(_state(quota_down=True, on_outage="open"))
     assert reasons == [] and warnings == ["quota store: redis unreachable (serving on local limits)"]
+    # A model the canary found degraded still serves: a warning.
+    state = _state()
+    state.canary.record(Result("tiny", "degraded", "tool calls differ", 0.0))
+    assert readiness(state) == ([], ["model tiny: degraded (canary: tool calls differ)"])
 
 
 def test_the_json_formatter_writes_one_object_a_line() -> None:
