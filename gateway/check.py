@@ -24,8 +24,10 @@ import yaml
 from pydantic import ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from gateway import vllm_versions
 from gateway.redaction import redacted_url
 from gateway.settings import ELSEWHERE, ModelSettings, Settings, load_settings, project_root
+from gateway.vllm_versions import Version
 from policies import known_issues
 from policies.memory_plan import MemoryPlan, PlanDoesNotFit, fmt_bytes
 
@@ -44,6 +46,7 @@ CODES = (
     "token_env",
     "kv_cache",
     "hybrid_server",
+    "vllm_version",
     "known_issue",
 )
 # What --skip-local leaves out: facts of this machine, not of the config.
@@ -115,6 +118,7 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
         *_remote_problems(settings),
         *_placement_problems(settings),
         *_hybrid_server_problems(settings, read_local=not skip_local),
+        *_vllm_problems(settings, read_local=not skip_local),
         *_known_issue_problems(findings),
     ]
     plan_problems, memory = _memory_plan(settings)
@@ -128,7 +132,8 @@ def check_config(path: str | Path, *, skip_local: bool = False) -> Report:
     if not problems:
         problems += _what_serve_refuses(path)
     warnings = tuple(f.message for f in findings if f.accepted)
-    return Report(path, tuple(problems), tuple(_plan_lines(settings, memory, tokens)), skipped, warnings)
+    plan = [*_vllm_lines(settings, read_local=not skip_local), *_plan_lines(settings, memory, tokens)]
+    return Report(path, tuple(problems), tuple(plan), skipped, warnings)
 
 
 # -- reading and the schema ------------------------------------------------------------------
@@ -367,7 +372,7 @@ def _known_issue_findings(s: Settings, *, read_local: bool) -> list[known_issues
     reports (policies/known_issues.py), for each engine whose flags this config sets: vllm in
     this process (or under `sparkgate engine-host`). A remote model's flags are its host's
     config's; a simulated or replayed one has none."""
-    version = _target_vllm_version(s)
+    version, _ = _target_vllm(s, read_local=read_local)
     out = []
     for m in s.models:
         if m.engine != "vllm":
@@ -383,11 +388,6 @@ def _known_issue_findings(s: Settings, *, read_local: bool) -> list[known_issues
         )
         out += known_issues.findings(flags)
     return out
-
-
-def _target_vllm_version(s: Settings) -> known_issues.Version | None:
-    """The vLLM release the engines will run. Unknown here (None): every open report applies."""
-    return None
 
 
 def _known_issue_problems(findings: list[known_issues.Finding]) -> list[Problem]:
@@ -510,19 +510,81 @@ def _memory_plan(s: Settings) -> tuple[list[Problem], MemoryPlan | PlanDoesNotFi
 
 
 def _ple_args_problem(m: ModelSettings) -> str | None:
-    """The table's planned placement is the one vLLM gets: `--engram-config`'s cpu_offload
-    (vLLM 0.32: true, its default, is pinned host memory; false is device memory)."""
-    if m.ple_table is None or m.engine != "vllm" or m.ple_table.placement == "disk":
+    """The table's planned placement is the one vLLM gets: the gateway passes it as
+    `--engram-config`, so engine_args.engram_config must not say otherwise."""
+    if m.ple_table is None or m.engine != "vllm":
         return None
     engram = m.engine_args.get("engram_config")
-    offload = engram.get("cpu_offload", True) if isinstance(engram, dict) else True
-    if offload == (m.ple_table.placement == "host"):
+    if not isinstance(engram, dict):
         return None
-    want = "true (or unset)" if m.ple_table.placement == "host" else "false"
+    want = m.ple_table.engram_config()
+    wrong = [k for k, v in want.items() if k in engram and engram[k] != v]
+    if not wrong:
+        return None
+    key = wrong[0]
     return (
-        f"model {m.name!r}: ple_table.placement {m.ple_table.placement} but engine_args.engram_config.cpu_offload "
-        f"is {str(offload).lower()}: set it to {want}, or the placement to what vLLM will do"
+        f"model {m.name!r}: ple_table.placement {m.ple_table.placement} but engine_args.engram_config.{key} "
+        f"is {str(engram[key]).lower()}: set it to {str(want[key]).lower()} (or leave it out: the placement "
+        "sets it), or the placement to what vLLM should do"
     )
+
+
+# -- vLLM versions ----------------------------------------------------------------------------
+
+
+def _target_vllm(s: Settings, *, read_local: bool) -> tuple[Version | None, str]:
+    """The vLLM release the config's engines run (None: unknown), and where that comes from."""
+    if s.vllm_version is not None:
+        return vllm_versions.parse(s.vllm_version), f"vLLM {s.vllm_version} (the config's vllm_version)"
+    here = vllm_versions.installed() if read_local else None
+    if here is None:
+        why = "none installed here" if read_local else "not read: --skip-local"
+        return None, f"vLLM: unknown (no vllm_version in the config; installed: {why})"
+    return here.version, f"vLLM {here.text} ({here.distribution}, installed here)"
+
+
+def _vllm_problems(s: Settings, *, read_local: bool) -> list[Problem]:
+    """Every in-process engine's features are in the vLLM it runs; the config's vllm_version is
+    a supported one and, when this machine is checked, the one installed."""
+    target, _ = _target_vllm(s, read_local=read_local)
+    if target is None or not any(m.engine == "vllm" for m in s.models):
+        return []
+    problems = []
+    here = vllm_versions.installed() if read_local else None
+    if s.vllm_version is not None and here is not None and here.version[:2] != target[:2]:
+        msg = (
+            f"vllm_version {s.vllm_version}: this machine has vLLM {here.text} ({here.distribution}); "
+            "install the version the config names, or change vllm_version"
+        )
+        problems.append(Problem("vllm_version", msg))
+    if vllm_versions.supported(target) is None:
+        known = ", ".join(vllm_versions.show(v.version) for v in vllm_versions.SUPPORTED)
+        msg = f"vLLM {vllm_versions.show(target)} is not a supported version ({known}: docs/operator-guide.md)"
+        problems.append(Problem("vllm_version", msg))
+    return problems + [
+        Problem("vllm_version", f"model {m.name!r}: {why}")
+        for m in s.models
+        for feature in m.vllm_features()
+        if (why := vllm_versions.lacks(target, feature)) is not None
+    ]
+
+
+def _vllm_lines(s: Settings, *, read_local: bool) -> list[str]:
+    """Which vLLM the config is judged against, the installed one, and what needs a newer one."""
+    _, where = _target_vllm(s, read_local=read_local)
+    here = vllm_versions.installed()
+    lines = [where]
+    if s.vllm_version is not None or not read_local:
+        shown = f"vLLM {here.text} ({here.distribution})" if here is not None else "none"
+        lines.append(f"  installed here: {shown}" + ("" if read_local else " (not compared: --skip-local)"))
+    lines += [
+        f"  model {m.name!r} needs vLLM >= {vllm_versions.show(vllm_versions.FEATURES[f].since)}: "
+        + vllm_versions.FEATURES[f].what
+        for m in s.models
+        for f in m.vllm_features()
+        if f == "ple_disk"
+    ]
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -708,12 +770,6 @@ def _box_lines(s: Settings, memory: MemoryPlan | PlanDoesNotFit | None) -> list[
         lines.append(f"memory plan of this gateway's box{where}: does not fit (see the errors)")
     elif s.box is None:
         lines.append("memory plan: none (no box: section; each engine's KV is its kv_cache_bytes or vLLM's default)")
-    lines += [
-        f"requires: {m.ple_table.requires_build} for model {m.name!r} (ple_table.placement disk; "
-        "stock vLLM 0.32 keeps the table in memory)"
-        for m in s.local_models()
-        if m.ple_table is not None and m.ple_table.requires_build
-    ]
     return lines
 
 

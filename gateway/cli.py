@@ -55,6 +55,9 @@ def _settings_to_serve(config: Path) -> Settings:
     if missing := settings.missing_secrets():
         typer.echo("sparkgate: cannot serve:\n  " + "\n  ".join(missing), err=True)
         raise typer.Exit(2)
+    if lacking := _vllm_lacks(settings):
+        typer.echo("sparkgate: cannot serve:\n  " + "\n  ".join(lacking), err=True)
+        raise typer.Exit(2)
     plan = settings.memory_plan()
     if isinstance(plan, PlanDoesNotFit):
         typer.echo(f"sparkgate: cannot serve: {plan.message}", err=True)
@@ -63,6 +66,20 @@ def _settings_to_serve(config: Path) -> Settings:
         settings = settings.with_kv_plan(plan)
         typer.echo("sparkgate: memory plan\n" + "\n".join(plan.lines), err=True)
     return settings
+
+
+def _vllm_lacks(settings: Settings) -> list[str]:
+    """What the in-process engines need of vLLM that the installed one lacks (vLLM refuses some
+    of it only after loading the weights, some not at all)."""
+    from gateway import vllm_versions
+
+    features = [(m.name, f) for m in settings.local_models() for f in m.vllm_features()]
+    if not features:
+        return []
+    here = vllm_versions.installed()
+    if here is None:
+        return ["vLLM is not installed here (`make setup`, or the CUDA build on a GPU box)"]
+    return [f"model {name!r}: {why}" for name, f in features if (why := vllm_versions.lacks(here.version, f))]
 
 
 def _run(

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.text.formats import ReasoningParser, ToolParser
+from gateway.vllm_versions import FeatureName, parse
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
 from policies.known_issues import ISSUE_IDS, unknown_issues
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
@@ -319,34 +320,25 @@ class VllmServerSettings(_Model):
 class PleTableSettings(_Model):
     """A per-layer n-gram embedding table (Qwen4Exp's PLE, Qwen3.8-Flash-Next: 320,001,536 x 160
     = 51.2B parameters, 95.37 GiB BF16, 47.68 GiB FP8). Where vLLM keeps it decides whether it
-    counts against the box: stock vLLM 0.32 has `host` (pinned host memory,
-    `--engram-config '{"cpu_offload": true}'`, its default) and `device` (cpu_offload false),
-    the same LPDDR5X on a DGX Spark. `disk` (file-backed, through the page cache) exists only in
-    builds that are not stock vLLM 0.32 (the b12x fork's VLLM_PLE_TABLE_MEMORY=disk; upstream
-    vllm#54070 and #54129 were open): name that build in `requires_build`."""
+    counts against the box, and the gateway passes it to vLLM as `--engram-config`: `host`
+    (pinned host memory, `{"cpu_offload": true}`, vLLM's default) and `device`
+    (`{"cpu_offload": false}`), the same LPDDR5X on a DGX Spark; `disk` (`{"disk_offload": true}`,
+    vLLM >= 0.34, CUDA only): the rows stay in the checkpoint files and each step's are read on
+    the host through the page cache (docs/operator-guide.md, "Where Flash-Next fits")."""
 
     rows: int = Field(gt=0)
     dim: int = Field(gt=0)
     dtype: Literal["bf16", "fp8"] = "fp8"
     placement: Literal["host", "device", "disk"] = "host"
-    requires_build: str | None = None
-
-    @model_validator(mode="after")
-    def _disk_needs_a_build(self) -> PleTableSettings:
-        if self.placement == "disk" and not self.requires_build:
-            raise ValueError(
-                "ple_table.placement disk: stock vLLM 0.32 has no disk-backed n-gram table (only host "
-                "and device, which on a DGX Spark are the same memory); name the vLLM build that has it "
-                "in ple_table.requires_build, or use placement host or device"
-            )
-        if self.placement != "disk" and self.requires_build:
-            raise ValueError(f"ple_table.requires_build is for placement disk only (placement is {self.placement})")
-        return self
 
     def table(self) -> PleTable:
-        return PleTable(
-            rows=self.rows, dim=self.dim, dtype=self.dtype, placement=self.placement, requires_build=self.requires_build
-        )
+        return PleTable(rows=self.rows, dim=self.dim, dtype=self.dtype, placement=self.placement)
+
+    def engram_config(self) -> dict[str, bool]:
+        """vLLM's EngramConfig fields that put the table where `placement` says."""
+        if self.placement == "disk":
+            return {"disk_offload": True}
+        return {"cpu_offload": self.placement == "host"}
 
 
 class KvBlockSettings(_Model):
@@ -401,7 +393,10 @@ class ModelSettings(_Model):
     kv_share: float = Field(1.0, gt=0)
     # What the model costs the box besides KV (the memory plan needs these when `box` is set).
     weights_bytes: int | None = None
-    overhead_bytes: int = 0
+    overhead_bytes: int = 0  # activations at max_num_batched_tokens, CUDA graphs, drafter buffers
+    # Held on top of all that while the engine starts, then released: CUDA-graph capture and
+    # kernel autotuning, which vLLM runs after it allocates the KV pool (the plan's worst moment).
+    startup_bytes: int = 0
     # A per-layer n-gram embedding table (Flash-Next), counted by dtype and placement.
     ple_table: PleTableSettings | None = None
     # The KV pool in whole blocks with per-request state blocks (hybrid models): see KvBlockSettings.
@@ -448,7 +443,7 @@ class ModelSettings(_Model):
     # Run the canary on this model (None: where it means something: not on simulated engines).
     canary: bool | None = None
 
-    @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", mode="before")
+    @field_validator("kv_cache_bytes", "weights_bytes", "overhead_bytes", "startup_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_bytes(v)
@@ -463,6 +458,21 @@ class ModelSettings(_Model):
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    def vllm_engine_args(self) -> dict[str, Any]:
+        """`engine_args` as the engine gets them: the n-gram table's placement as vLLM's
+        engram_config (the plan counts that placement, so it decides)."""
+        args = dict(self.engine_args)
+        if self.ple_table is not None:
+            given = args.get("engram_config")
+            args["engram_config"] = {**(given if isinstance(given, dict) else {}), **self.ple_table.engram_config()}
+        return args
+
+    def vllm_features(self) -> list[FeatureName]:
+        """What of vLLM this model's in-process engine needs beyond the oldest supported."""
+        if self.engine != "vllm" or self.ple_table is None:
+            return []
+        return ["ple_table", "ple_disk"] if self.ple_table.placement == "disk" else ["ple_table"]
 
 
 RouteStrategy = Literal["best", "fast"]
@@ -711,6 +721,9 @@ class BoxFileSettings(_Model):
     step_overhead_s: float = Field(ge=0)
     forward_overhead_s: float = Field(0.0004, ge=0)
     frontend_latency_s: float = Field(0.0, ge=0)
+    # The drive an n-gram table on disk is read from (0: none; such a table is then refused).
+    nvme_read_bandwidth: float = Field(0.0, ge=0)  # bytes/s
+    nvme_read_iops: float = Field(0.0, ge=0)  # random 4 KiB reads/s
     sync_step_s: float = Field(0.0, ge=0)  # host work a synchronous scheduler waits for, per step
     sync_token_s: float = Field(0.0, ge=0)  # ... and per token in the step
     # Engines sharing the box: a step's work between waits for a busy box-mate's, and the longest
@@ -751,6 +764,8 @@ def load_box(ref: str | Path) -> tuple[BoxSpec, Serving]:
         step_overhead_s=f.step_overhead_s,
         forward_overhead_s=f.forward_overhead_s,
         frontend_latency_s=f.frontend_latency_s,
+        nvme_read_bandwidth=f.nvme_read_bandwidth,
+        nvme_read_iops=f.nvme_read_iops,
         sync_step_s=f.sync_step_s,
         sync_token_s=f.sync_token_s,
         gpu_mate_wait_s=f.gpu_mate_wait_s,
@@ -775,6 +790,9 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     canary: CanarySettings = CanarySettings()
     placement: PlacementSettings | None = None
+    # The vLLM this config's engines run (e.g. "0.34.0" on a DGX Spark): `sparkgate check` judges
+    # the config against it; unset, against the vLLM installed here (gateway/vllm_versions.py).
+    vllm_version: str | None = None
     # Relative model paths resolve against this (the config file's project root).
     base_dir: str = "."
 
@@ -788,6 +806,13 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (env_settings, init_settings)  # env beats YAML
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse(v)  # ValueError names the expected form
+        return v
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
@@ -843,6 +868,8 @@ class Settings(BaseSettings):
         return plan_memory(
             total=self.box.memory,
             reserved=self.box.reserved,
+            min_free=self.box.min_free,
+            side_by_side=self.server.engine_start == "parallel",
             models=[model_memory(m) for m in self.local_models()],
         )
 
@@ -907,6 +934,7 @@ def model_memory(m: ModelSettings) -> ModelMemory:
         max_num_seqs=m.max_num_seqs,
         max_model_len=m.max_model_len,
         shards=m.box_shards,
+        startup=m.startup_bytes,
     )
 
 

