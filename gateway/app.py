@@ -87,7 +87,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
             seed=model.seed,
             cpu_cores=model.cpu_cores,
             compact_json=model.json_whitespace == "compact",
-            extra_args=dict(model.engine_args),
+            extra_args=model.vllm_engine_args(),
         )
     )
 
@@ -110,6 +110,7 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,
+            ple_table_on_disk=model.ple_table is not None and model.ple_table.placement == "disk",
         )
     )
 

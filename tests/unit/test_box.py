@@ -106,10 +106,7 @@ def test_built_in_boxes_and_their_box_files() -> None:
     assert load_box("h200") == (H200, Serving())
     box, serving = load_box(ROOT / "config/boxes/h200.yaml")
     assert box == H200 and serving == BENCH
-    # A box file has no drive spec yet (gateway/settings.py: BoxFileSettings names no
-    # nvme_read_bandwidth / nvme_read_iops): it is the built-in Spark less its drive.
-    no_drive = dataclasses.replace(DGX_SPARK, nvme_read_bandwidth=0.0, nvme_read_iops=0.0)
-    assert load_box(ROOT / "config/boxes/dgx-spark.yaml") == (no_drive, Serving())
+    assert load_box(ROOT / "config/boxes/dgx-spark.yaml") == (DGX_SPARK, Serving())
 
 
 def test_a_box_file_names_what_is_wrong(tmp_path: Path) -> None:
