@@ -1,20 +1,24 @@
 """`sparkgate plan --two-sparks`: where Qwen3.8-Flash-Next can live on two DGX Sparks.
 
-Flash-Next's n-gram (PLE) table is 51.2B parameters (47.68 GiB FP8, 95.37 GiB BF16). Stock
-vLLM 0.32 keeps it in pinned host memory or on the device, which on a Spark are the same
-LPDDR5X: 75.2 GiB of non-PLE NVFP4 weights (vllm#56757) + 47.68 GiB of table is more than
-the 121.6 GiB a Spark shows before any KV. The three honest placements:
+Flash-Next's n-gram (PLE) table is 51.2B parameters (47.68 GiB FP8, 95.37 GiB BF16). Kept in
+pinned host memory or on the device, which on a Spark are the same LPDDR5X, 75.2 GiB of non-PLE
+NVFP4 weights (vllm#56757) + 47.68 GiB of table is more than the 121.6 GiB a Spark shows. vLLM
+0.34 leaves it in the checkpoint files instead (`--engram-config '{"disk_offload": true}'`):
+each step's rows are read on the host through the page cache, which costs a few tens of MiB of
+buffers and a read per step (the box model's `ple_table_on_disk`). The placements compared:
 
-(a) Flash-Next alone on spark-2 with the table on NVMe: only a vLLM build with disk-backed
-    PLE (not stock 0.32) serves it so; the other two models share spark-1.
+(a) Flash-Next alone on spark-2, table on disk; the other two models share spark-1.
 (b) Flash-Next with tensor parallelism over both boxes (vLLM's multi-node launch,
-    `--nnodes 2 --node-rank N`, `--headless` on the second): each box holds half its weights,
-    table and KV, beside one of the other two models; every step all-reduces twice per
-    layer over the ConnectX-7 link (~20-25 GB/s).
+    `--nnodes 2 --node-rank N`, `--headless` on the second), the table in memory: each box holds
+    half its weights, table and KV, beside one of the other two models; every step all-reduces
+    twice per layer over the ConnectX-7 link (~20-25 GB/s).
 (c) Two of the three models, one per box, Flash-Next left out.
+(d), (e) Flash-Next with its table on disk beside one of the other two on spark-2, the third
+    alone on spark-1, where the memory plan says it fits.
 
-Each is planned with policies/memory_plan.py (everything an engine holds) and run on the
-box model (gateway/plan/fleet.py) with the gateway's router.
+Each is planned with policies/memory_plan.py (everything an engine holds, the start-up
+transients and the floor of free memory at the box's worst moment) and run on the box model
+(gateway/plan/fleet.py) with the gateway's router.
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ from dataclasses import dataclass
 from engine_adapter.spark import DGX_SPARK, MODELS, BoxSpec, GiB, Serving
 from gateway.plan.fleet import Deployed, Link, Placement, TensorParallel
 from gateway.plan.planner import PlanRow
-from gateway.settings import ModelSettings, model_memory
-from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, fmt_bytes, plan_memory
+from gateway.settings import ModelSettings, PleTableSettings, model_memory
+from gateway.vllm_versions import FEATURES, show
+from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, fmt_bytes, plan_memory
 
 SPARK_MEMTOTAL = int(121.6 * GiB)  # what `free`/MemTotal shows on a DGX Spark
-RESERVED = 24 * GiB  # OS, CUDA contexts, the gateway: a utilization of 0.8 of MemTotal
-DISK_BUILD = (
-    "a vLLM build with disk-backed PLE (not stock 0.32: the b12x fork's VLLM_PLE_TABLE_MEMORY=disk; "
-    "upstream vllm#54070 / #54129 open)"
-)
+# OS and driver (CUDA sees at most 101.3-102.2 of 121.69 GiB free on a headless Spark just
+# booted: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47), the gateway, CUDA contexts: the
+# shipped configs' box.reserved.
+RESERVED = 24 * GiB
+# Free at the box's worst moment, for the page cache (the table's rows on disk) and the host:
+# the shipped configs' box.min_free, which the gateway's run-time guard also holds.
+MIN_FREE = 4 * GiB
+DISK = FEATURES["ple_disk"]
 # Flash-Next's hidden size (vLLM 0.32's qwen4_exp GEMM plans, ../shared/reference/flash-next.md
 # section 1): a token's activations are 2560 x 2 B in BF16 at each all-reduce.
 FLASH_NEXT_HIDDEN = 2560
@@ -47,23 +55,33 @@ class Option:
     title: str
     placement: Placement
     memory: dict[str, MemoryPlan | PlanDoesNotFit]  # box -> its plan
-    requires: tuple[str, ...] = ()  # builds that are not stock vLLM
+    needs: tuple[str, ...] = ()  # what of vLLM it needs beyond the oldest supported
 
     @property
     def fits(self) -> bool:
         return all(isinstance(p, MemoryPlan) for p in self.memory.values())
 
     @property
-    def stock(self) -> bool:
-        return not self.requires
+    def served(self) -> int:
+        return len(self.placement.models)
 
 
-def _memory(m: ModelSettings, *, shards: int = 1, placement: str | None = None) -> ModelMemory:
+def on_disk(m: ModelSettings) -> ModelSettings:
+    """The model with its n-gram table on disk (vLLM >= 0.34's disk_offload)."""
+    assert m.ple_table is not None
+    table = PleTableSettings(**(m.ple_table.model_dump() | {"placement": "disk"}))
+    return m.model_copy(update={"ple_table": table})
+
+
+def on_host(m: ModelSettings) -> ModelSettings:
+    """The model with its n-gram table in pinned host memory (vLLM's default)."""
+    assert m.ple_table is not None
+    table = PleTableSettings(**(m.ple_table.model_dump() | {"placement": "host"}))
+    return m.model_copy(update={"ple_table": table})
+
+
+def _memory(m: ModelSettings, *, shards: int = 1) -> ModelMemory:
     mm = dataclasses.replace(model_memory(m), kv_cache=None, shards=shards)
-    if placement is not None and mm.ple is not None:
-        build = DISK_BUILD if placement == "disk" else None
-        ple = PleTable(rows=mm.ple.rows, dim=mm.ple.dim, dtype=mm.ple.dtype, placement=placement, requires_build=build)  # type: ignore[arg-type]
-        mm = dataclasses.replace(mm, ple=ple)
     if shards > 1 and mm.kv_blocks is not None:  # each rank holds its heads' half of every block
         b = mm.kv_blocks
         mm = dataclasses.replace(
@@ -76,7 +94,7 @@ def _memory(m: ModelSettings, *, shards: int = 1, placement: str | None = None) 
 
 
 def _plan(models: Sequence[ModelMemory], total: int, reserved: int) -> MemoryPlan | PlanDoesNotFit:
-    return plan_memory(total=total, reserved=reserved, models=models, min_kv=1 * GiB)
+    return plan_memory(total=total, reserved=reserved, models=models, min_kv=1 * GiB, min_free=MIN_FREE)
 
 
 def _kv_gib(plan: MemoryPlan | PlanDoesNotFit, name: str) -> float:
@@ -92,7 +110,7 @@ def options(
     reserved: int = RESERVED,
     link: Link | None = None,
 ) -> list[Option]:
-    """The three placements of the module's docstring for the config's models: the one with an
+    """The placements of the module's docstring for the config's models: the one with an
     n-gram table is Flash-Next; the other two keep their configured order (first on spark-1)."""
     serving = serving or Serving()
     flash = next((m for m in models if m.ple_table is not None), None)
@@ -100,35 +118,35 @@ def options(
         raise ValueError("--two-sparks needs three models, one of them with a ple_table (Flash-Next)")
     one, two = (m for m in models if m is not flash)
     s1, s2 = BOXES
+    disk = on_disk(flash)
+    needs_disk = (f"vLLM >= {show(DISK.since)}: {DISK.what}",)
 
     def placed(name: str, parts: Sequence[Deployed]) -> Placement:
         return Placement(name, tuple(parts), box, serving)
 
-    # (a) the table on NVMe (page cache), Flash-Next alone on spark-2.
-    mem_a = {
-        s1: _plan([_memory(one), _memory(two)], total, reserved),
-        s2: _plan([_memory(flash, placement="disk")], total, reserved),
-    }
+    def plan(*ms: ModelMemory) -> MemoryPlan | PlanDoesNotFit:
+        return _plan(ms, total, reserved)
+
+    # (a) the table on disk, Flash-Next alone on spark-2.
+    mem_a = {s1: plan(_memory(one), _memory(two)), s2: plan(_memory(disk))}
     a = Option(
         "a",
-        f"{flash.name} alone on {s2}, n-gram table on NVMe; {one.name} + {two.name} on {s1}",
+        f"{flash.name} alone on {s2}, n-gram table on disk; {one.name} + {two.name} on {s1}",
         placed(
             f"{one.name} + {two.name} | {flash.name} (table on disk)",
             [
                 Deployed.of(one, s1, _kv_gib(mem_a[s1], one.name)),
                 Deployed.of(two, s1, _kv_gib(mem_a[s1], two.name)),
-                Deployed.of(flash, s2, _kv_gib(mem_a[s2], flash.name)),
+                Deployed.of(disk, s2, _kv_gib(mem_a[s2], flash.name)),
             ],
         ),
         mem_a,
-        (DISK_BUILD,),
+        needs_disk,
     )
-    # (b) tensor parallelism over both boxes, the table in memory (stock), sharded.
-    half = _memory(flash, shards=2, placement=flash.ple_table.placement if flash.ple_table else None)
-    mem_b = {
-        s1: _plan([_memory(one), half], total, reserved),
-        s2: _plan([_memory(two), half], total, reserved),
-    }
+    # (b) tensor parallelism over both boxes, the table sharded in memory.
+    in_memory = flash if flash.ple_table.placement != "disk" else on_host(flash)  # type: ignore[union-attr]
+    half = _memory(in_memory, shards=2)
+    mem_b = {s1: plan(_memory(one), half), s2: plan(_memory(two), half)}
     layers = MODELS[flash.simulated.model].layers if flash.simulated is not None else 48
     tp = TensorParallel(ranks=2, allreduces=2 * layers, activation_bytes=FLASH_NEXT_HIDDEN * 2, link=link or Link())
     flash_kv = 2 * min(_kv_gib(mem_b[s1], flash.name), _kv_gib(mem_b[s2], flash.name))
@@ -140,13 +158,13 @@ def options(
             [
                 Deployed.of(one, s1, _kv_gib(mem_b[s1], one.name)),
                 Deployed.of(two, s2, _kv_gib(mem_b[s2], two.name)),
-                dataclasses.replace(Deployed.of(flash, f"{s1}+{s2}", flash_kv), tp=tp),
+                dataclasses.replace(Deployed.of(in_memory, f"{s1}+{s2}", flash_kv), tp=tp),
             ],
         ),
         mem_b,
     )
     # (c) two of the three, one per box.
-    mem_c = {s1: _plan([_memory(one)], total, reserved), s2: _plan([_memory(two)], total, reserved)}
+    mem_c = {s1: plan(_memory(one)), s2: plan(_memory(two))}
     c = Option(
         "c",
         f"{one.name} on {s1}, {two.name} on {s2}, {flash.name} not served",
@@ -156,7 +174,27 @@ def options(
         ),
         mem_c,
     )
-    return [a, b, c]
+    # (d), (e) Flash-Next (table on disk) beside one of the others on spark-2, the third alone.
+    beside = []
+    for key, mate, alone in (("d", two, one), ("e", one, two)):
+        mem = {s1: plan(_memory(alone)), s2: plan(_memory(disk), _memory(mate))}
+        beside.append(
+            Option(
+                key,
+                f"{flash.name} beside {mate.name} on {s2}, n-gram table on disk; {alone.name} alone on {s1}",
+                placed(
+                    f"{alone.name} | {flash.name} (table on disk) + {mate.name}",
+                    [
+                        Deployed.of(alone, s1, _kv_gib(mem[s1], alone.name)),
+                        Deployed.of(disk, s2, _kv_gib(mem[s2], flash.name)),
+                        Deployed.of(mate, s2, _kv_gib(mem[s2], mate.name)),
+                    ],
+                ),
+                mem,
+                needs_disk,
+            )
+        )
+    return [a, b, c, *beside]
 
 
 def _box_line(box: str, plan: MemoryPlan | PlanDoesNotFit, total: int) -> str:
@@ -169,9 +207,10 @@ def _box_line(box: str, plan: MemoryPlan | PlanDoesNotFit, total: int) -> str:
 
 
 def recommended(options: Sequence[Option], rows: dict[str, PlanRow]) -> Option | None:
-    """The stock-vLLM placement that fits and sustains the most load (ties: the earlier)."""
-    ok = [o for o in options if o.fits and o.stock]
-    return max(ok, key=lambda o: rows[o.key].sustained_rps, default=None)
+    """The placement that fits and sustains the most load; on a tie, the one serving more
+    models, then the earlier."""
+    ok = [o for o in options if o.fits and o.key in rows]
+    return max(ok, key=lambda o: (rows[o.key].sustained_rps, o.served), default=None)
 
 
 def report(
@@ -181,8 +220,8 @@ def report(
     for o in options:
         r = rows.get(o.key)
         lines.append(f"({o.key}) {o.title}")
-        if o.requires:
-            lines.append(f"    requires: {'; '.join(o.requires)}")
+        if o.needs:
+            lines.append(f"    needs: {'; '.join(o.needs)}")
         lines += [_box_line(b, p, total) for b, p in o.memory.items()]
         if r is None:
             lines.append("    not simulated: it does not fit")
@@ -195,8 +234,31 @@ def report(
         )
     best = recommended(options, rows)
     lines.append(
-        f"recommended (fits, stock vLLM, most load): ({best.key}) {best.title}"
+        f"recommended (fits, most load, then most models): ({best.key}) {best.title}"
         if best is not None
-        else "recommended: none of them fits on stock vLLM"
+        else "recommended: none of them fits"
     )
+    most = max((o.served for o in options), default=0)
+    if best is not None and best.served < most:
+        lines.append(_why_fewer(best, [o for o in options if o.served == most], rows))
     return lines
+
+
+def _why_fewer(best: Option, alls: Sequence[Option], rows: dict[str, PlanRow]) -> str:
+    """Why the recommendation leaves a model out: each placement that serves them all sustains
+    less load, or does not fit (by how much)."""
+    base = rows[best.key].sustained_rps
+    parts = []
+    for o in alls:
+        r = rows.get(o.key)
+        if r is None:
+            over = max((p.over for p in o.memory.values() if isinstance(p, PlanDoesNotFit)), default=0)
+            parts.append(f"({o.key}) does not fit ({fmt_bytes(over)} over)")
+        else:
+            less = f", {1 - r.sustained_rps / base:.0%} less" if base else ""
+            parts.append(f"({o.key}) sustains {r.sustained_rps:.2f} req/s{less}")
+    return (
+        f"why not all {alls[0].served} models: of the placements that serve them, "
+        + "; ".join(parts)
+        + f"; ({best.key}) sustains {base:.2f} req/s at the same SLO attainment"
+    )

@@ -79,11 +79,12 @@ def test_plan_compares_placements_and_draws_them(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     table = r.stdout.splitlines()
     assert table[0].startswith("placement") and "req/s at 95%" in table[0]
-    # Flash-Next alone no longer fits one box: its n-gram table is counted (issue 41).
+    # Flash-Next fits a box alone with its n-gram table on disk (vLLM 0.34), beside no other model.
     assert {re.split(r"\s{2,}", line)[0] for line in table[1:-1]} == {
         "qwen3.6-35b-a3b",
         "qwen3.8-27b",
         "qwen3.8-27b + qwen3.6-35b-a3b",
+        "qwen3.8-flash-next",
     }
     page = out.read_text()
     assert "<svg" in page and "chat: 100%" in page and "qwen3.8-27b + qwen3.6-35b-a3b" in page
@@ -95,24 +96,61 @@ def test_plan_rejects_an_unknown_workload_kind() -> None:
 
 
 def test_plan_two_sparks_compares_flash_next_placements(tmp_path: Path) -> None:
-    """(a) table on NVMe (a non-stock build, named), (b) TP=2 over both boxes, (c) two models:
-    each with its memory per box and SLO attainment, and the stock placement recommended."""
+    """(a) table on disk (vLLM 0.34), (b) TP=2 over both boxes, (c) two models, (d)/(e) beside
+    another model: each with its memory per box (the worst moment's floor kept) and SLO
+    attainment, and the recommendation."""
     out = tmp_path / "plan.html"
     args = ["plan", "--two-sparks", "--duration", "60", "--seeds", "1", "--max-rate", "0.2", "--step", "0.1"]
     r = sparkgate(*args, "--mix", "chat=1", "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stderr
     text = r.stdout
-    assert "(a) qwen3.8-flash-next alone on spark-2, n-gram table on NVMe" in text
-    assert "requires: a vLLM build with disk-backed PLE (not stock 0.32" in text
+    assert "(a) qwen3.8-flash-next alone on spark-2, n-gram table on disk" in text
+    assert "needs: vLLM >= 0.34.0: ple_table.placement disk" in text
+    # (a): 121.6 - 24 reserved - 75.2 - 30.5 MiB of buffers - 2 (start-up) - 4 (floor): 429 blocks.
+    assert "qwen3.8-flash-next KV: 429 blocks of 3136 tokens (39.05 MiB)" in text
+    assert "KV: qwen3.8-27b 24.80 GiB, qwen3.6-35b-a3b 24.80 GiB" in text
     assert "(b) qwen3.8-flash-next TP=2 over spark-1+spark-2" in text
     assert "(c) qwen3.8-27b on spark-1, qwen3.6-35b-a3b on spark-2, qwen3.8-flash-next not served" in text
     # (b): 24 reserved + 20 (27B) + 37.6 + 23.84 (half of Flash-Next's weights and table) on spark-1.
     assert "qwen3.8-flash-next: weights 37.60 GiB (1/2 of 75.20 GiB)" in text
     assert "n-gram table 23.84 GiB (1/2 of 320,001,536 x 160 fp8 = 47.68 GiB, pinned host memory)" in text
-    assert "KV: qwen3.8-27b 8.07 GiB, qwen3.8-flash-next 8.06 GiB" in text
-    assert "KV: qwen3.8-27b 77.60 GiB" in text
-    assert text.count("SLO attainment") == 3 and "recommended (fits, stock vLLM, most load): (" in text
+    assert "KV: qwen3.8-27b 5.07 GiB, qwen3.8-flash-next 5.07 GiB" in text
+    assert "KV: qwen3.8-27b 71.60 GiB" in text
+    # Beside another model on one box, Flash-Next's 75.2 GiB leave less than the floor.
+    assert "(d) qwen3.8-flash-next beside qwen3.6-35b-a3b on spark-2" in text
+    assert "spark-2: does not fit (5.63 GiB over)" in text and "5.63 GiB under the floor" in text
+    assert "(e) qwen3.8-flash-next beside qwen3.8-27b on spark-2" in text and "3.63 GiB under the floor" in text
+    assert text.count("SLO attainment (") == 3 and text.count("not simulated: it does not fit") == 2
+    assert "recommended (fits, most load, then most models): (" in text
+    assert "worst moment, the largest engine starting (2.00 GiB of start-up transients)" in text
     assert "<svg" in out.read_text()
+
+
+def test_the_recommendation_says_why_it_leaves_a_model_out() -> None:
+    """The most load wins; on a tie, the placement serving more models; a recommendation that
+    leaves one out says what each all-models placement sustains, or by how much it does not fit."""
+    from gateway.plan import two_sparks as two
+    from gateway.plan.planner import PlanRow
+    from gateway.settings import load_settings
+
+    options = two.options(load_settings(ROOT / "config/sim-dgx-spark.yaml").models)
+    assert [o.key for o in options] == ["a", "b", "c", "d", "e"]
+    assert [o.fits for o in options] == [True, True, True, False, False]
+    by_key = {o.key: o for o in options}
+
+    def rows(**rps: float) -> dict[str, PlanRow]:
+        return {k: PlanRow(by_key[k].placement, v, ()) for k, v in rps.items()}
+
+    assert two.recommended(options, rows(a=0.35, b=0.2, c=0.4)) is by_key["c"]
+    assert two.recommended(options, rows(a=0.4, b=0.2, c=0.4)) is by_key["a"]  # a tie: three models
+    lines = two.report(options, rows(a=0.35, b=0.2, c=0.4), target=0.95, per_user=1.0, total=two.SPARK_MEMTOTAL)
+    assert lines[-1] == (
+        "why not all 3 models: of the placements that serve them, (a) sustains 0.35 req/s, 13% less; "
+        "(b) sustains 0.20 req/s, 50% less; (d) does not fit (5.63 GiB over); (e) does not fit (3.63 GiB over); "
+        "(c) sustains 0.40 req/s at the same SLO attainment"
+    )
+    tied = two.report(options, rows(a=0.4, b=0.2, c=0.4), target=0.95, per_user=1.0, total=two.SPARK_MEMTOTAL)
+    assert tied[-1].startswith("recommended (fits, most load, then most models): (a)")
 
 
 def test_tensor_parallel_steps_pay_the_link() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.plan import planner
+from gateway.plan.two_sparks import on_host
 from gateway.settings import load_settings
 from policies.memory_plan import MemoryPlan
 
@@ -21,8 +22,6 @@ CONFIG = Path(__file__).resolve().parents[2] / "config"
         "sim-dgx-spark.yaml",
         "dgx-spark.yaml",
         "dgx-spark-2.yaml",
-        "dgx-spark-ple-disk.yaml",
-        "dgx-spark-ple-disk-2.yaml",
         "replay.yaml",
         "frontend.yaml",
     ],
@@ -40,8 +39,10 @@ def test_real_deployment_two_boxes() -> None:
     plan1, plan2 = one.memory_plan(), two.memory_plan()
     assert isinstance(plan1, MemoryPlan) and isinstance(plan2, MemoryPlan)
     assert one.box is not None and one.box.memory == int(121.6 * (1 << 30))
-    assert plan1.kv_cache == {"qwen3.8-27b": one.box.memory - (24 + 20 << 30)}  # 77.60 GiB
-    assert plan2.kv_cache == {"qwen3.6-35b-a3b": one.box.memory - (24 + 22 << 30)}  # 75.60 GiB
+    # Less the reserve, the weights, one engine's start-up transient and the floor of free memory.
+    assert plan1.kv_cache == {"qwen3.8-27b": one.box.memory - (24 + 20 + 2 + 4 << 30)}  # 71.60 GiB
+    assert plan2.kv_cache == {"qwen3.6-35b-a3b": one.box.memory - (24 + 22 + 2 + 4 << 30)}  # 69.60 GiB
+    assert plan1.worst_free == plan2.worst_free == 4 << 30
     assert one.boxes() == {"qwen3.8-27b": "spark-1", "qwen3.6-35b-a3b": "spark-2"}
     remote = {m.name: m.remote for m in one.models if m.engine == "remote"}
     assert list(remote) == ["qwen3.6-35b-a3b"] and remote["qwen3.6-35b-a3b"] is not None
@@ -49,33 +50,38 @@ def test_real_deployment_two_boxes() -> None:
     assert [m.name for m in two.models] == ["qwen3.6-35b-a3b"] and two.models[0].engine == "vllm"
 
 
-def test_no_shipped_config_needs_a_setting_stock_vllm_lacks() -> None:
-    """VLLM_PLE_TABLE_MEMORY is not stock vLLM 0.32's (a fork's): no shipped config or compose
-    file sets it (a config may name it only as the build it requires), a table on disk names the
-    build it needs (the settings refuse it else), and the stock deployment has none."""
+def test_no_shipped_config_needs_what_its_vllm_lacks() -> None:
+    """VLLM_PLE_TABLE_MEMORY is a fork's, not vLLM's: no shipped config or compose file sets it.
+    Every config that serves vLLM in-process names a supported vLLM or runs the installed one,
+    and needs nothing that version lacks (a table on disk: 0.34)."""
+    from gateway import vllm_versions
+
     root = CONFIG.parent
     for f in [*CONFIG.glob("*.yaml"), *(root / "deploy/dgx-spark").glob("*.yml")]:
-        for line in f.read_text().splitlines():
-            if "VLLM_PLE_TABLE_MEMORY" in line and not line.lstrip().startswith("#"):
-                assert "requires_build:" in line, (f, line)
-    needs = {}
+        assert "VLLM_PLE_TABLE_MEMORY" not in f.read_text(), f
+    installed = vllm_versions.installed()
+    assert installed is not None
     for f in CONFIG.glob("*.yaml"):
-        for m in load_settings(f).models:
-            assert m.ple_table is None or m.ple_table.placement != "disk" or m.ple_table.requires_build
-            if m.ple_table is not None and m.ple_table.requires_build:
-                needs[f.name] = m.name
-    assert needs == {"dgx-spark-ple-disk-2.yaml": "qwen3.8-flash-next"}
+        s = load_settings(f)
+        version = vllm_versions.parse(s.vllm_version) if s.vllm_version else installed.version
+        assert vllm_versions.supported(version) is not None, f
+        for m in s.models:
+            assert all(vllm_versions.lacks(version, x) is None for x in m.vllm_features()), (f, m.name)
+    spark = [load_settings(CONFIG / n).vllm_version for n in ("dgx-spark.yaml", "dgx-spark-2.yaml")]
+    assert spark == ["0.34.0", "0.34.0"]
 
 
 def test_the_three_models_never_share_one_box() -> None:
+    """With its n-gram table on disk (vLLM 0.34) Flash-Next has a box of its own, alone: its
+    75.2 GiB of weights leave no room for a second model's. The three never share one box."""
     s = load_settings(CONFIG / "sim-dgx-spark.yaml")
-    # Flash-Next's n-gram table in memory (stock vLLM 0.32) leaves it no box of its own either
-    # (issue 41): 75.2 GiB of weights + 47.68 GiB of table; `--two-sparks` plans it split.
     one_box = {p.name for p in planner.placements(s.models, 1)}
-    assert one_box == {"qwen3.6-35b-a3b", "qwen3.8-27b", "qwen3.8-27b + qwen3.6-35b-a3b"}
+    assert one_box == {"qwen3.6-35b-a3b", "qwen3.8-27b", "qwen3.8-27b + qwen3.6-35b-a3b", "qwen3.8-flash-next"}
     two = {p.name for p in planner.placements(s.models, 2)}
-    assert "qwen3.8-27b | qwen3.6-35b-a3b" in two or "qwen3.6-35b-a3b | qwen3.8-27b" in two
-    assert not any("flash-next" in n for n in two)
+    assert "qwen3.8-27b + qwen3.6-35b-a3b | qwen3.8-flash-next" in two
+    assert not any("+ qwen3.8-flash-next" in n or "qwen3.8-flash-next +" in n for n in two)
+    in_memory = [m if m.ple_table is None else on_host(m) for m in s.models]
+    assert not any("flash-next" in p.name for p in planner.placements(in_memory, 2))
 
 
 def test_the_real_engines_cap_long_prefills_as_the_router_assumes(tmp_path: Path) -> None:
