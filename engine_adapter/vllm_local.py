@@ -111,8 +111,11 @@ def _convert_prompt_logprobs(entries: Any, prompt_ids: tuple[int, ...], k: int) 
     return tuple(out)
 
 
-# vLLM's KV cache spec classes by the kind of hold they make on the pool. A subclass maps
-# by its nearest listed base (MLAAttentionSpec and SinkFullAttentionSpec are full attention).
+# vLLM's KV cache spec classes (v1/kv_cache_interface.py; the same names in 0.32 and 0.34)
+# by the kind of hold they make on the pool. A subclass maps by its nearest listed base
+# (MLAAttentionSpec and SinkFullAttentionSpec are full attention; RSWASpec holds at most
+# what full attention holds). Qwen4Exp's QSA ring is a CircularBufferSpec and its compressed
+# keys an MLAAttentionSpec (models/qwen4_exp/common/qsa_cache.py in 0.32, qsa_indexer.py in 0.34).
 _SPEC_KINDS = {
     "CircularBufferSpec": "ring",
     "MambaSpec": "linear_attention",
@@ -137,11 +140,13 @@ def _spec_kind(spec: Any) -> str:
 
 
 def _bytes_per_block(kv_cache_config: Any) -> int:
-    """What one block id costs the pool, from the tensors the engine allocates. In 0.32
-    every tensor is a view of one allocation of `size` bytes (groups alias it). 0.26's
-    tensors (`shared_by`) are separate slots the groups share, unless packed: views of one
-    allocation whose `block_stride` is the whole block."""
-    tensors = list(kv_cache_config.kv_cache_tensors)
+    """What one block id costs the pool, from the tensors the engine allocates. In 0.32 and
+    0.34 (`KVCacheTensor`: size, layers, strides; v1/kv_cache_interface.py) every tensor is a
+    view of one allocation of `size` bytes (groups alias it). 0.26's tensors (`shared_by`)
+    are separate slots the groups share, unless packed: views of one allocation whose
+    `block_stride` is the whole block."""
+    # Host-resident tensors (HiSparse) live in their own host pool, not the block pool.
+    tensors = [t for t in kv_cache_config.kv_cache_tensors if not getattr(t, "host_resident", False)]
     num_blocks = int(kv_cache_config.num_blocks)
     if not tensors or num_blocks <= 0:
         return 0
