@@ -367,6 +367,7 @@ def measure(model: Path, engine_kwargs: dict[str, Any], cases: str) -> dict[str,
             "mamba_cache_mode": f.mamba_cache_mode,
             "mamba_block_size": f.mamba_block_size,
             "mamba_page_size_padded": getattr(cc, "mamba_page_size_padded", None),
+            "scheduler": f"{f.scheduler_class} (async={f.async_scheduling}), {f.coordinator_class}",
             "kv_cache_layout": str(getattr(probe.kv_cache_manager.kv_cache_config, "kv_cache_layout", None)),
             "groups": [
                 [g.spec_class, g.manager_class, g.num_layers, g.block_size, g.page_size_bytes] for g in f.groups
