@@ -49,14 +49,6 @@ _OUTPUT_FIELDS = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 SAMPLED_TOKEN = 1000
 
 
-def vllm_version() -> tuple[int, int]:
-    """vLLM's (major, minor), e.g. (0, 32) for "0.32.0+cpu"."""
-    import vllm
-
-    major, minor = str(vllm.__version__).split(".")[:2]
-    return int(major), int(minor)
-
-
 def kv_cache_planning() -> ModuleType:
     """The module that plans KV cache groups and pool sizes (`get_kv_cache_configs`,
     `unify_hybrid_kv_cache_specs`, `_get_packed_kv_cache_groups`): vllm/v1/core/
@@ -85,6 +77,7 @@ def is_cuda_wheel_on_cpu() -> bool:
 
 
 _PATCHED: list[str] = []
+_LIBS: list[Any] = []  # op libraries registered here: a Library unregisters its ops when collected
 
 
 def patch_cuda_wheel_for_cpu() -> list[str]:
@@ -130,12 +123,9 @@ def patch_cuda_wheel_for_cpu() -> list[str]:
         lib = torch.library.Library("_C", "FRAGMENT")
         lib.define("init_cpu_memory_env(int[] nodes) -> ()")
         lib.impl("init_cpu_memory_env", lambda nodes: None, "CompositeExplicitAutograd")
-        _LIBS.append(lib)  # a Library unregisters its ops when collected
+        _LIBS.append(lib)
         _PATCHED.append("torch.ops._C.init_cpu_memory_env: no-op")
     return list(_PATCHED)
-
-
-_LIBS: list[Any] = []
 
 
 def patch_model_inspection() -> None:
