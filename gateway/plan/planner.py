@@ -55,9 +55,12 @@ def placements(
 ) -> list[Placement]:
     """Every way to put the models on `boxes` identical boxes (a model may be left out)
     that fits in memory, each box's spare memory split evenly as KV (on a DGX Spark, at most
-    the KV budget each model got there)."""
+    the KV budget each model got there). A model whose n-gram table is on disk goes only on a
+    box whose drive is known."""
     serving = serving or Serving()
     usable = box.memory_bytes * UTILIZATION / GiB
+    if box.nvme_read_iops <= 0:  # a box without a drive spec cannot read an n-gram table from disk
+        models = [m for m in models if m.ple_table is None or m.ple_table.placement != "disk"]
     seen: set[tuple[tuple[str, ...], ...]] = set()
     out: list[Placement] = []
     for assign in itertools.product(range(-1, boxes), repeat=len(models)):

