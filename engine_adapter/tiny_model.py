@@ -272,7 +272,7 @@ ARCHITECTURES.update(EXTRA_ARCHITECTURES)
 # The full shape: no official config.json is public. Sources, each agreeing with the others:
 # vLLM 0.32's kernels for it (vllm/models/qwen4_exp/nvidia/low_latency_gemm.py: GDN QKVZ
 # 16384 = 2*16*128 + 2*48*128, out proj 6144 = 24 heads * 256, QSA QKV 3072 + 512 + 640;
-# fused_moe/oracle/mxfp4.py: "E=512, H=2560, N=640"; nvidia/indexer_qsa.py: indexer head 128,
+# fused_moe/oracle/mxfp4.py: "E=512, H=2560, N=640"; nvidia/indexer_qsa.py (0.34: qsa_indexer.py): indexer head 128,
 # rotary 64), its GGUF metadata (heads 24 / kv 2 of 256, indexer 4 x 128, top_k 2048,
 # compress ratio 4, hc 4 / 320, rope sections [11, 11, 10], base 1e7, nextn 1) and the
 # public "[160, 320001536]" n-gram table tensor, which this PLE config reproduces.
