@@ -127,20 +127,20 @@ def options(
     def plan(*ms: ModelMemory) -> MemoryPlan | PlanDoesNotFit:
         return _plan(ms, total, reserved)
 
+    def per_box(
+        key: str, title: str, name: str, boxes: dict[str, list[ModelSettings]], needs: tuple[str, ...] = ()
+    ) -> Option:
+        """Each model whole on one box, each box planned on its own."""
+        mem = {b: plan(*(_memory(m) for m in ms)) for b, ms in boxes.items()}
+        parts = [Deployed.of(m, b, _kv_gib(mem[b], m.name)) for b, ms in boxes.items() for m in ms]
+        return Option(key, title, placed(name, parts), mem, needs)
+
     # (a) the table on disk, Flash-Next alone on spark-2.
-    mem_a = {s1: plan(_memory(one), _memory(two)), s2: plan(_memory(disk))}
-    a = Option(
+    a = per_box(
         "a",
         f"{flash.name} alone on {s2}, n-gram table on disk; {one.name} + {two.name} on {s1}",
-        placed(
-            f"{one.name} + {two.name} | {flash.name} (table on disk)",
-            [
-                Deployed.of(one, s1, _kv_gib(mem_a[s1], one.name)),
-                Deployed.of(two, s1, _kv_gib(mem_a[s1], two.name)),
-                Deployed.of(disk, s2, _kv_gib(mem_a[s2], flash.name)),
-            ],
-        ),
-        mem_a,
+        f"{one.name} + {two.name} | {flash.name} (table on disk)",
+        {s1: [one, two], s2: [disk]},
         needs_disk,
     )
     # (b) tensor parallelism over both boxes, the table sharded in memory.
@@ -164,36 +164,23 @@ def options(
         mem_b,
     )
     # (c) two of the three, one per box.
-    mem_c = {s1: plan(_memory(one)), s2: plan(_memory(two))}
-    c = Option(
+    c = per_box(
         "c",
         f"{one.name} on {s1}, {two.name} on {s2}, {flash.name} not served",
-        placed(
-            f"{one.name} | {two.name}",
-            [Deployed.of(one, s1, _kv_gib(mem_c[s1], one.name)), Deployed.of(two, s2, _kv_gib(mem_c[s2], two.name))],
-        ),
-        mem_c,
+        f"{one.name} | {two.name}",
+        {s1: [one], s2: [two]},
     )
     # (d), (e) Flash-Next (table on disk) beside one of the others on spark-2, the third alone.
-    beside = []
-    for key, mate, alone in (("d", two, one), ("e", one, two)):
-        mem = {s1: plan(_memory(alone)), s2: plan(_memory(disk), _memory(mate))}
-        beside.append(
-            Option(
-                key,
-                f"{flash.name} beside {mate.name} on {s2}, n-gram table on disk; {alone.name} alone on {s1}",
-                placed(
-                    f"{alone.name} | {flash.name} (table on disk) + {mate.name}",
-                    [
-                        Deployed.of(alone, s1, _kv_gib(mem[s1], alone.name)),
-                        Deployed.of(disk, s2, _kv_gib(mem[s2], flash.name)),
-                        Deployed.of(mate, s2, _kv_gib(mem[s2], mate.name)),
-                    ],
-                ),
-                mem,
-                needs_disk,
-            )
+    beside = [
+        per_box(
+            key,
+            f"{flash.name} beside {mate.name} on {s2}, n-gram table on disk; {alone.name} alone on {s1}",
+            f"{alone.name} | {flash.name} (table on disk) + {mate.name}",
+            {s1: [alone], s2: [disk, mate]},
+            needs_disk,
         )
+        for key, mate, alone in (("d", two, one), ("e", one, two))
+    ]
     return [a, b, c, *beside]
 
 
