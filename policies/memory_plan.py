@@ -20,6 +20,7 @@ whole machine (docs/operator-guide.md, "The box never wedges").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -43,6 +44,9 @@ PLE_ROWS_PER_TOKEN = 16
 # staging, pinned host rows, the distinct-row read buffer).
 _DISK_ID_BYTES = 8
 _DISK_ROW_COPIES = 3
+# The page size the rows are read through: a row of b bytes at a multiple of gcd(b, page)
+# spans 1 + (b - gcd) / page pages on average (engine_adapter/spark/physics.py, ple_read_seconds).
+PAGE_BYTES = 4096
 
 
 def fmt_bytes(n: int) -> str:
@@ -81,6 +85,15 @@ class PleTable:
         if self.placement == "disk":
             return rows * (_DISK_ID_BYTES + _DISK_ROW_COPIES * self.row_bytes)
         return 0
+
+    def step_pages(self, max_num_batched_tokens: int) -> int:
+        """On disk: the page cache a step's rows pass through, cold (every row distinct); it
+        must find that much room free, or each step evicts what the last one read."""
+        if self.placement != "disk":
+            return 0
+        rows = max_num_batched_tokens * PLE_ROWS_PER_TOKEN
+        spill = self.row_bytes - math.gcd(self.row_bytes, PAGE_BYTES)
+        return rows * PAGE_BYTES + rows * spill
 
     def describe(self) -> str:
         where = {
@@ -128,6 +141,10 @@ class ModelMemory:
         return 0 if self.ple is None else self.ple.buffer_bytes(self.max_num_batched_tokens)
 
     @property
+    def ple_pages(self) -> int:
+        return 0 if self.ple is None else self.ple.step_pages(self.max_num_batched_tokens)
+
+    @property
     def fixed(self) -> int:
         """What the model pins on this box before any shared KV."""
         return self.weights // self.shards + self.overhead + self.ple_bytes + self.ple_buffers + (self.kv_cache or 0)
@@ -162,6 +179,8 @@ def _model_line(m: ModelMemory) -> str:
         part = f"1/{m.shards} of " if m.shards > 1 and m.ple.resident else ""
         text += f" + n-gram table {fmt_bytes(m.ple_bytes)} ({part}{m.ple.describe()})"
         text += f" + its lookup buffers {m.ple_buffers / MiB:.0f} MiB"
+        if m.ple_pages:
+            text += f" (a step reads {m.ple_pages / MiB:.0f} MiB of its pages through the page cache)"
     text += f" + KV {pool}"
     return text + (f"; at start-up {fmt_bytes(m.startup)} more" if m.startup else "")
 
@@ -193,6 +212,8 @@ def plan_memory(
     between the models without a fixed pool, in proportion to `kv_share`, and every pool of
     known geometry is cut to whole blocks and must hold `min_kv_blocks`."""
     fixed = reserved + sum(m.fixed for m in models)
+    # The floor holds at least the page cache the disk tables' rows pass through in a step.
+    min_free = max(min_free, sum(m.ple_pages for m in models))
     startups = [m.startup for m in models]
     peak = sum(startups) if side_by_side else max(startups, default=0)
     starting = "every engine starting" if side_by_side else "the largest engine starting"
@@ -209,8 +230,8 @@ def plan_memory(
     rest -= peak + min_free
     if rest < 0:
         return PlanDoesNotFit(
-            "the plan leaves less than the floor of free memory (box.min_free "
-            f"{fmt_bytes(min_free)}) at the box's worst moment: "
+            f"the plan leaves less than the floor of free memory ({fmt_bytes(min_free)}: box.min_free, "
+            "or the page cache a step of a table on disk reads) at the box's worst moment: "
             + "; ".join(lines)
             + f"; with {starting} ({fmt_bytes(peak)} of start-up transients) "
             f"{fmt_bytes(rest + min_free)} would be free before any shared KV, "

@@ -133,7 +133,14 @@ def test_the_pool_is_whole_blocks_with_state_blocks_per_request() -> None:
     assert "flash KV: 472 blocks of 3136 tokens (39.05 MiB), 36 of them state blocks for 4 sequences" in "\n".join(
         plan.lines
     )
-    assert plan.unplanned == SPARK - FLASH_WEIGHTS - 30.5 * 1024**2 - 472 * 40_943_616
+    # Left free: at least the page cache a 4,096-token step's rows pass through (65,536 rows of
+    # 160 B, a 4 KiB page each and 1 in 32 a second one: 264 MiB).
+    assert plan.unplanned == SPARK - FLASH_WEIGHTS - 30.5 * 1024**2 - 472 * 40_943_616 - 264 * 1024**2
+    assert plan.worst_free == plan.unplanned + 264 * 1024**2
+    text = "\n".join(plan.lines)
+    assert "+ its lookup buffers 30 MiB (a step reads 264 MiB of its pages through the page cache)" in text
+    assert text.endswith("floor 0.26 GiB")
+    assert _table(placement="disk").step_pages(4096) == 264 * 1024**2 and _table().step_pages(4096) == 0
     assert min_kv_blocks(BLOCKS, max_num_seqs=4, max_model_len=262_144) == 84 + 36
     no_prefix = KvBlocks(block_bytes=40_943_616, block_tokens=3136, state_blocks=5)
     assert min_kv_blocks(no_prefix, max_num_seqs=4, max_model_len=262_144) == 84 + 20
@@ -219,7 +226,7 @@ def test_a_plan_under_the_floor_says_by_how_much() -> None:
     assert isinstance(plan, PlanDoesNotFit)
     # 121.6 - 24 - 20 - 70 = 7.6 GiB free once started; starting, 3 GiB less: 4.6 < 6.
     assert f"{plan.over / GiB:.2f}" == "1.40"
-    assert "box.min_free 6.00 GiB" in plan.message and "4.60 GiB would be free" in plan.message
+    assert "floor of free memory (6.00 GiB: box.min_free" in plan.message and "4.60 GiB would be free" in plan.message
     assert "1.40 GiB under the floor" in plan.message
     no_floor = plan_memory(total=SPARK, reserved=24 * GiB, models=[a])
     assert isinstance(no_floor, MemoryPlan) and "worst moment" in "\n".join(no_floor.lines)
