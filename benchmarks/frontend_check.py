@@ -46,7 +46,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,6 +58,9 @@ from typing import Any
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # for tests.ports (run as a script, in another venv)
+from tests.ports import free_port  # noqa: E402
+
 OUT = ROOT / "docs" / "frontend"
 WORK = ROOT / ".cache" / "frontend-check"
 API_KEY = "sk-sparkgate-dev"
@@ -116,12 +118,6 @@ _READ_LAST = """() => {
     done: !!msg.querySelector('button[aria-label="Regenerate"]'),
   };
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(url: str, body: Any = None, token: str | None = None, timeout: float = 10) -> tuple[int, Any]:

@@ -13,27 +13,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.ports, run as a script
 
 from gateway.quota import MemoryQuotaStore, QuotaStore, RedisQuotaStore, Reserved
 from policies.quotas import Limits
+from tests.ports import free_port
 
 SCOPES = [
     ("key:bench", Limits(rpm=10**9, tpm=10**12, daily_tokens=10**12, monthly_tokens=10**12, max_concurrency=10**6)),
     ("team:bench", Limits(monthly_tokens=10**12)),
     ("user:bench", Limits()),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def serial(store: QuotaStore, n: int, tag: str) -> list[float]:

@@ -8,11 +8,12 @@ replaces what was there."""
 from __future__ import annotations
 
 import copy
-import socket
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "config"
@@ -27,12 +28,6 @@ def shipped_config(name: str, **overrides: Any) -> dict[str, Any]:
     cfg["base_dir"] = str(ROOT)
     cfg.setdefault("server", {})["port"] = free_port()
     return merge(cfg, overrides)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def merge(base: Any, override: Any) -> Any:

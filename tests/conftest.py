@@ -33,6 +33,8 @@ import openai
 import pytest
 import yaml
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 API_KEY = "sk-test-key"
@@ -102,22 +104,6 @@ def _log_problems(log_path: Path, lines: int = 15) -> str:
 # CPU it may not get while the engines spin on both cores. And a long timeout: a gateway
 # beside busy CPU engines has gone unanswered for 11 s (CI, test_overload with httpx's 5 s).
 _STATS_CLIENT = httpx.Client(timeout=60)
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A free loopback port, never one this process handed out before: a server binds its port
-    seconds after its config is written, and until then the kernel may offer the same port again
-    (two fleet servers once got one port, and each test saw the other's gateway)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 @dataclass(frozen=True)

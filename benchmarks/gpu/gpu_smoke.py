@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.ports import free_port  # noqa: E402
 
 API_KEY = "sk-gpu-smoke"
 DENSE = "tiny-dense"
@@ -119,12 +120,6 @@ def settings_dict(dirs: dict[str, str], cache_dir: str, port: int) -> dict[str, 
         "models": [dense, moe],
         "limits": {"max_n": 4},
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- server (child)

@@ -63,6 +63,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.ports import free_port  # noqa: E402
+
 SHAPES = Path(__file__).resolve().parent / "shapes"
 API_KEY = "sk-side-by-side"
 MODEL = "bench"
@@ -136,12 +138,6 @@ def prompt(path: str, length: int, conc: int, rep: int, i: int) -> list[int]:
     """Random ids, distinct per path and request, clear of the specials at the vocabulary's end."""
     rng = random.Random(f"{path}/{length}/{conc}/{rep}/{i}")
     return [rng.randrange(1000, 150_000) for _ in range(length)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def summarize(reqs: list[dict[str, Any]], walls: list[float], tokens: list[int]) -> dict[str, Any]:
