@@ -58,11 +58,11 @@ class CorsSettings(_Model):
     """Cross-origin requests from browsers: off unless origins are listed."""
 
     allow_origins: tuple[str, ...] = ()  # e.g. ["https://chat.example.com"]; "*" for any
-    allow_headers: tuple[str, ...] = ("Authorization", "Content-Type", "X-Request-Id")
-    allow_methods: tuple[str, ...] = ("GET", "POST", "DELETE", "OPTIONS")
+    allow_headers: tuple[str, ...] = ("Authorization", "Content-Type", "X-Request-Id")  # a page's script may send
+    allow_methods: tuple[str, ...] = ("GET", "POST", "DELETE", "OPTIONS")  # a page's script may use
     # Response headers a page's script may read (the SDK's retry logic reads Retry-After).
     expose_headers: tuple[str, ...] = ("X-Request-Id", "Retry-After", "retry-after-ms")
-    max_age_s: int = Field(600, ge=0)
+    max_age_s: int = Field(600, ge=0)  # how long a browser may reuse a preflight's answer
 
 
 EngineStart = Literal["sequential", "parallel"]
@@ -71,8 +71,11 @@ ELSEWHERE = ("remote", "vllm-server")
 
 
 class ServerSettings(_Model):
-    host: str = DEFAULT_HOST
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    """The HTTP server: where it listens, what it logs, how its engines start and how it stops."""
+
+    host: str = DEFAULT_HOST  # the address to listen on ("0.0.0.0": every interface)
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # the TCP port to listen on
+    # The least severe log records written (uvicorn's too); above info, the per-request lines are off.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: for a console; json: one JSON object a line, every logger's (docs/guide/dashboard-metrics.md).
     log_format: Literal["text", "json"] = "text"
@@ -142,47 +145,55 @@ class KeyLimits(_Model):
 class PooledLimits(_Model):
     """Totals a whole team shares (every key of the team counts against them)."""
 
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    daily_tokens: int | None = Field(None, ge=1)
-    monthly_tokens: int | None = Field(None, ge=1)
-    max_concurrency: int | None = Field(None, ge=1)
+    rpm: int | None = Field(None, ge=1)  # requests per quota window (60 s), the team's keys together
+    tpm: int | None = Field(None, ge=1)  # input + output tokens per quota window
+    daily_tokens: int | None = Field(None, ge=1)  # per UTC day
+    monthly_tokens: int | None = Field(None, ge=1)  # per UTC calendar month
+    max_concurrency: int | None = Field(None, ge=1)  # the team's requests in flight at once, across replicas
 
 
 class TeamSettings(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    """A team: limits each of its keys inherits, and totals its keys share."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")  # what a key names as its `team`
     defaults: KeyLimits = KeyLimits()  # inherited by each key of the team
-    pooled: PooledLimits = PooledLimits()
+    pooled: PooledLimits = PooledLimits()  # counted against all of the team's keys together
 
 
 class ApiKey(KeyLimits):
     """A key written in the config file (keys made with `sparkgate keys create` live in the store)."""
 
+    # The key's id (`cfg-NAME` in the admin API) and, unless `user` is set, its user.
     name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # hex SHA-256 of the key: the config never holds the key
     user: str | None = None  # the person (default: the key's name)
-    team: str | None = None
+    team: str | None = None  # a name of quotas.teams: its defaults and pooled limits apply
 
     def limits(self) -> KeyLimits:
         return KeyLimits(**{k: getattr(self, k) for k in KeyLimits.model_fields})
 
 
 class AdminKey(_Model):
-    name: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """A key of the admin API (/sparkgate/admin, `sparkgate keys`); it opens nothing else."""
+
+    name: str  # who holds it
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # hex SHA-256 of the key, as for auth.keys
 
 
 class FailedAuthSettings(_Model):
     """Throttling of failed authentications, per client address (brute force)."""
 
     max_failures: int = Field(20, ge=1)  # within window_s; then 429 until block_s has passed
-    window_s: float = Field(60.0, gt=0)
-    block_s: float = Field(60.0, gt=0)
+    window_s: float = Field(60.0, gt=0)  # seconds in which failures are counted
+    block_s: float = Field(60.0, gt=0)  # seconds a client that reached max_failures is refused
     # Clients remembered at once (memory stays bounded whatever addresses an attacker uses).
     max_clients: int = Field(10_000, ge=1)
 
 
 class AuthSettings(_Model):
+    """API keys: who may call the API, and the admin API."""
+
+    # false: no key is asked for; every request is one user, `anonymous`, under quotas.defaults.
     required: bool = True
     keys: tuple[ApiKey, ...] = ()
     admin_keys: tuple[AdminKey, ...] = ()  # for /sparkgate/admin and `sparkgate keys`
@@ -200,6 +211,7 @@ class QuotaSettings(_Model):
 
     # "memory": this process only (the embedded default); "redis": shared by every replica.
     store: Literal["memory", "redis"] = "memory"
+    # The Redis server when store is "redis" (stored responses live there too); its password is never shown.
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "sg:"  # every Redis key sparkgate writes starts with this
     redis_timeout_s: float = Field(0.5, gt=0)  # per command; beyond it Redis counts as down
@@ -227,10 +239,14 @@ class PrefixSettings(_Model):
     """Prompt normalization for the prefix cache (policies/prefix.py), per model."""
 
     normalize: bool = True  # a key may turn it off (`normalize_prompts: false`)
-    merge_system: bool = True
-    canonical_tools: bool = True
+    merge_system: bool = True  # leading system and developer messages become one at the start
+    canonical_tools: bool = True  # tool definitions: keys sorted at every depth, tools by name
+    # Lines of the leading instructions matching volatile_patterns (dates, times, ids) move to
+    # a short system note at the end, so the next turn shares everything before it.
     move_volatile: bool = True
     volatile_patterns: tuple[str, ...] | None = None  # None: policies.prefix.DEFAULT_VOLATILE_PATTERNS
+    # Past assistant turns rendered as the model produced them (Qwen3's empty <think> block put
+    # back), so each turn's prompt extends the previous one token for token.
     stable_history: bool = True
     # Separate prefix caches per team or per user (vLLM's cache_salt): one tenant cannot
     # learn from timing whether another's prompt is cached.
@@ -250,12 +266,12 @@ class PrefixSettings(_Model):
 class LatencyProfile(_Model):
     """A model's latency on its box before any observation (policies.latency.Profile)."""
 
-    prefill_tokens_per_s: float = Field(10_000.0, gt=0)
-    ttft_overhead_s: float = Field(0.05, ge=0)
+    prefill_tokens_per_s: float = Field(10_000.0, gt=0)  # prompt tokens prefilled per second
+    ttft_overhead_s: float = Field(0.05, ge=0)  # time to first token besides the prefill, seconds
     prefill_s_per_ktoken2: float = Field(0.0, ge=0)  # attention's quadratic share of prefill
-    tpot_s: float = Field(0.02, gt=0)
-    tpot_per_sequence_s: float = Field(0.0, ge=0)
-    tpot_per_ktoken_s: float = Field(0.0, ge=0)
+    tpot_s: float = Field(0.02, gt=0)  # one decode step, one sequence, short context, seconds
+    tpot_per_sequence_s: float = Field(0.0, ge=0)  # added to a step per other running sequence
+    tpot_per_ktoken_s: float = Field(0.0, ge=0)  # added to a step per 1,000 tokens of context
 
 
 class SimulatedSettings(_Model):
@@ -293,8 +309,8 @@ class RemoteSettings(_Model):
     address: str  # the host's base URL, e.g. http://spark-2:8001
     token_env: str = "SPARKGATE_ENGINE_TOKEN"  # the environment variable holding the host's token
     share: float = Field(1.0, gt=0, le=1)  # of the engine's KV pool and slots (replicas split it)
-    poll_interval_s: float = Field(0.5, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
+    poll_interval_s: float = Field(0.5, gt=0)  # how often the host's /stats (load, health) is read
+    connect_timeout_s: float = Field(5.0, gt=0)  # to connect to the host (and to send to it)
     # Silence this long on a stream (the host sends a heartbeat every second) cuts it: 503.
     read_timeout_s: float = Field(10.0, gt=1)
 
@@ -311,6 +327,7 @@ class VllmServerSettings(_Model):
     # add up to at most 1; nothing enforces that across gateways (engine-host does).
     share: float = Field(1.0, gt=0, le=1)
     poll_interval_s: float = Field(0.5, gt=0)  # /metrics: running, waiting, KV use
+    # To connect to the server (and to send to it); also the whole wait for its /metrics.
     connect_timeout_s: float = Field(5.0, gt=0)
     # A stream silent this long is cut (503): vLLM sends nothing during a prompt's prefill,
     # so this must outlast the longest prefill the server runs.
@@ -326,10 +343,10 @@ class PleTableSettings(_Model):
     vLLM >= 0.34, CUDA only): the rows stay in the checkpoint files and each step's are read on
     the host through the page cache (docs/operator-guide.md, "Where Flash-Next fits")."""
 
-    rows: int = Field(gt=0)
-    dim: int = Field(gt=0)
-    dtype: Literal["bf16", "fp8"] = "fp8"
-    placement: Literal["host", "device", "disk"] = "host"
+    rows: int = Field(gt=0)  # the table's rows (Flash-Next: 320,001,536)
+    dim: int = Field(gt=0)  # values per row (Flash-Next: 160)
+    dtype: Literal["bf16", "fp8"] = "fp8"  # as loaded: 2 or 1 byte per value
+    placement: Literal["host", "device", "disk"] = "host"  # where vLLM keeps it (above)
 
     def table(self) -> PleTable:
         return PleTable(rows=self.rows, dim=self.dim, dtype=self.dtype, placement=self.placement)
@@ -347,10 +364,10 @@ class KvBlockSettings(_Model):
     per-request state groups: each state group (GDN, PLE short conv) holds 2 blocks with prefix
     caching (mamba align), 1 without; each ring group 1 (Flash-Next: 4 and 1, so 9 or 5)."""
 
-    block_bytes: int = Field(gt=0)
-    block_tokens: int = Field(gt=0)
-    state_groups: int = Field(0, ge=0)
-    ring_groups: int = Field(0, ge=0)
+    block_bytes: int = Field(gt=0)  # one block's bytes, all layers of the pool
+    block_tokens: int = Field(gt=0)  # tokens one block holds
+    state_groups: int = Field(0, ge=0)  # KV groups of per-request state (GDN, PLE short conv)
+    ring_groups: int = Field(0, ge=0)  # KV groups of a per-request ring buffer (QSA raw keys)
 
     def blocks(self, *, prefix_caching: bool) -> KvBlocks:
         state = self.state_groups * (2 if prefix_caching else 1) + self.ring_groups
@@ -361,36 +378,42 @@ class RestartSettings(_Model):
     """What happens when a model's engine dies: restarts with exponential backoff, until it
     has died `max_deaths` times within `window_s`; then it stays down (see /ready)."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: a dead engine stays down at once
     backoff_s: float = Field(1.0, gt=0)  # before the first restart; doubles each time
-    max_backoff_s: float = Field(60.0, gt=0)
-    max_deaths: int = Field(3, ge=1)
-    window_s: float = Field(600.0, gt=0)
+    max_backoff_s: float = Field(60.0, gt=0)  # the doubling stops here
+    max_deaths: int = Field(3, ge=1)  # deaths within window_s (a failed restart counts) that keep it down
+    window_s: float = Field(600.0, gt=0)  # seconds in which deaths are counted
 
 
 class ModelSettings(_Model):
     """One served model: where it lives and how its engine runs."""
 
-    name: str
+    name: str  # what requests' `model` names; also in /v1/models, logs and metrics
+    # The model's directory (weights, config, tokenizer); relative to the project root (base_dir).
     path: str
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # more names requests may use (listed in /v1/models; unique)
     # vllm: in this process; simulated: the DGX Spark box model; remote: on another box
     # (`path` is then a local copy of the model's tokenizer); vllm-server: a stock vLLM
     # OpenAI server (`path` as for remote); replay: recorded Qwen3 turns
     # picked by a `[[replay:NAME]]` tag in the prompt (`path`: a Qwen tokenizer's directory).
     engine: Literal["vllm", "simulated", "remote", "vllm-server", "replay"] = "vllm"
-    tokenizer: str | None = None
-    dtype: str = "bfloat16"
+    tokenizer: str | None = None  # engine vllm: a tokenizer directory other than `path`
+    dtype: str = "bfloat16"  # engine vllm: the weights' compute dtype (vLLM's --dtype; "auto")
+    # The engine's context (vLLM's --max-model-len): prompt + output tokens of one request.
     max_model_len: int = Field(4096, ge=16)
-    max_num_seqs: int = Field(8, ge=1)
+    max_num_seqs: int = Field(8, ge=1)  # sequences the engine runs at once: admission's running slots
+    # Tokens one engine step takes at most (vLLM's; None: vLLM's own default, which the memory
+    # plan counts as 8192).
     max_num_batched_tokens: int | None = Field(None, ge=16)
     # vLLM's: while others run or wait, a prefill takes at most this many tokens a step, so a
     # chat does not wait behind a long document's whole prompt (0: no cap). docs/routing.md.
     long_prefill_token_threshold: int = Field(0, ge=0)
+    # The most output tokens a request may ask for (more: 400); one that sets no max_tokens
+    # gets what the context leaves, up to this (None: no cap).
     max_output_tokens: int | None = Field(None, ge=1)
     # Fixed KV bytes. Unset: with a `box` plan, a share of the memory left; without one, vLLM's default.
     kv_cache_bytes: int | None = None
-    kv_share: float = Field(1.0, gt=0)
+    kv_share: float = Field(1.0, gt=0)  # weight in the box plan's split of memory left (no fixed KV)
     # What the model costs the box besides KV (the memory plan needs these when `box` is set).
     weights_bytes: int | None = None
     overhead_bytes: int = 0  # activations at max_num_batched_tokens, CUDA graphs, drafter buffers
@@ -404,11 +427,16 @@ class ModelSettings(_Model):
     # Tensor parallelism over this many boxes (vLLM's multi-node launch): this box holds 1/N of
     # the weights, the n-gram table and the KV pool.
     box_shards: int = Field(1, ge=1)
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # engine vllm: vLLM's --kv-cache-dtype, e.g. "fp8" ("auto": the model's)
+    # vLLM's prefix cache: a prompt starting like an earlier one reuses its KV blocks.
     enable_prefix_caching: bool = True
+    # Engine vllm: no CUDA graphs (vLLM's --enforce-eager): a faster start, slower decoding.
     enforce_eager: bool = True
+    # Engine vllm: "dummy" starts on random weights of the checkpoint's shapes (tests, demos).
     load_format: Literal["auto", "safetensors", "dummy"] = "auto"
-    seed: int = 0
+    seed: int = 0  # the engine's random seed (vLLM's --seed; the simulated engine's)
+    # Engine vllm, CPU build: the cores its threads are bound to (VLLM_CPU_OMP_THREADS_BIND, e.g.
+    # "0-7"), so engines side by side keep off each other's cores. Unset: as this process got it.
     cpu_cores: str | None = None
     # "compact": structured JSON output without free whitespace (see StructuredOutput).
     json_whitespace: Literal["compact", "any"] = "compact"
@@ -421,11 +449,11 @@ class ModelSettings(_Model):
     # gateway/text/formats, "none", or "auto": read off the chat template (`<function=` ->
     # qwen3_xml, `<tool_call>` -> hermes, `<think>` -> qwen3).
     tool_parser: ToolParser = "auto"
-    reasoning_parser: ReasoningParser = "auto"
+    reasoning_parser: ReasoningParser = "auto"  # the same choice for reasoning text
 
-    # Admission: running jobs' sequences at once (None: the engine's max_num_seqs) and the
-    # longest prompt + max_tokens accepted (None: max_model_len).
+    # Admission: running jobs' sequences at once (None: the engine's max_num_seqs).
     max_concurrency: int | None = Field(None, ge=1)
+    # The longest prompt + max_tokens accepted (None: max_model_len); a key's may be lower.
     max_context: int | None = Field(None, ge=16)
     prefix: PrefixSettings = PrefixSettings()
     # Routing: the latency profile that seeds the model's prediction, and where it ranks.
@@ -482,9 +510,9 @@ AliasStrategy = Literal["best", "fast", "class"]  # "class": the request's SLO c
 class SloClass(_Model):
     """A latency objective: time to first token and per output token, or a whole-response deadline."""
 
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    deadline_s: float | None = Field(None, gt=0)
+    ttft_s: float | None = Field(None, gt=0)  # time to first token, seconds
+    tpot_s: float | None = Field(None, gt=0)  # time per output token after the first, seconds
+    deadline_s: float | None = Field(None, gt=0)  # the whole response, seconds
     # What `auto` means for this class: "best" (the highest quality that meets it) or "fast"
     # (the soonest done). Long lenient work on the slow models holds a box for tens of
     # seconds that interactive requests then miss: see docs/routing.md.
@@ -502,14 +530,14 @@ DEFAULT_ALIASES: dict[str, AliasStrategy] = {"auto": "class", "best": "best", "f
 class RoutingSettings(_Model):
     """Latency-SLO routing between the served models (policies/routing.py)."""
 
-    enabled: bool = False
+    enabled: bool = False  # false: requests name a served model; the aliases do not exist
     classes: dict[str, SloClass] = Field(
         default_factory=lambda: {
             "interactive": SloClass(ttft_s=2.0, tpot_s=0.06),
             "batch": SloClass(deadline_s=600.0),
         }
     )
-    default_class: str = "interactive"
+    default_class: str = "interactive"  # for a request whose header and key name no class
     header: str = "X-Sparkgate-SLO"  # a request picks its class with this header
     # Model names that route, and how: "best" (highest quality meeting the SLO, degrading to
     # faster ones), "fast" (the quickest predicted) or "class" (the SLO class's `prefer`).
@@ -574,7 +602,7 @@ class LimitSettings(_Model):
     max_messages: int = Field(2048, ge=1)  # chat messages, Responses input items, completion prompts
     max_stop: int = Field(4, ge=1)  # stop strings (OpenAI's limit)
     max_stop_chars: int = Field(256, ge=1)  # characters in one stop string
-    max_stop_token_ids: int = Field(64, ge=0)
+    max_stop_token_ids: int = Field(64, ge=0)  # stop_token_ids entries
     max_tools: int = Field(128, ge=0)  # OpenAI's limit
     max_logit_bias: int = Field(300, ge=0)  # logit_bias entries
     max_n: int = Field(8, ge=1)  # choices per request (each one a sequence in the engine)
@@ -591,7 +619,7 @@ _DEFAULT_QUEUE_TIMEOUT_S: dict[PriorityClass, float] = {"interactive": 60.0, "ba
 class FairShareSettings(_Model):
     """Room kept for users who run little beside a flood (policies/fair.py)."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: users still take turns, but no room is kept
     reserve_slots: int = Field(DEFAULT_RESERVE_SLOTS, ge=1)  # running sequences owed to each active user
     idle_s: float = Field(DEFAULT_IDLE_S, ge=0, le=3600)  # a user stays active this long after its last request
     max_share: float = Field(1.0, gt=0, le=1)  # of the slots, for one user while others are active
@@ -610,18 +638,26 @@ class FairShareSettings(_Model):
 class AdmissionSettings(_Model):
     """The fair queue in front of the engines (see policies/admission.py)."""
 
+    # Requests waiting per engine; when full, the user with the most waiting gives one up for a
+    # newcomer who has fewer, else the newcomer gets 503.
     max_queued: int = Field(256, ge=0)
-    max_queued_tokens: int = Field(4_000_000, ge=0)
-    max_queued_per_user: int = Field(64, ge=0)
+    max_queued_tokens: int = Field(4_000_000, ge=0)  # the same bound on their worst-case tokens
+    max_queued_per_user: int = Field(64, ge=0)  # requests one user may have waiting per engine
+    # Times a waiting request that does not fit yet may be passed by smaller ones; then the
+    # engine drains for it (big requests are not starved).
     max_bypass: int = Field(4, ge=0)
+    # Waiting requests that do not fit looked at per scheduling pass: keeps a decision cheap
+    # when thousands wait on a full engine.
     max_scan: int = Field(16, ge=1)
     # Short requests (<= 16 output tokens) started beyond an engine's running slots, as a share
     # of them, while one user alone uses it: they wait in vLLM's queue, which refills a slot in
     # the same step instead of a step later (0: none). policies/demand.py QueueLimits.
     lone_backlog: float = Field(0.0, ge=0, le=4)
+    # Requests one user may run at once (None: no cap); a key's own max_concurrency wins.
     per_user_max_concurrency: int | None = Field(None, ge=1)
+    # The longest wait in the queue per priority class, seconds; then 503 `queue_timeout`.
     queue_timeout_s: dict[PriorityClass, float] = Field(default_factory=lambda: dict(_DEFAULT_QUEUE_TIMEOUT_S))
-    priority_header: str = "X-Sparkgate-Priority"
+    priority_header: str = "X-Sparkgate-Priority"  # asks for a less urgent class than the key's
     fair_share: FairShareSettings = FairShareSettings()
 
 
@@ -656,7 +692,7 @@ class MemoryGuardSettings(_Model):
 class BoxSettings(_Model):
     """The machine the in-process engines share (a DGX Spark: 128 GiB unified)."""
 
-    memory: int
+    memory: int  # the box's memory, bytes or a size ("128GiB"): what the plan divides
     reserved: int = 0  # OS, gateway process, CUDA contexts: never given to a model
     # The floor of available host memory (MemAvailable, what vLLM reads on a unified-memory GPU):
     # the plan keeps it free at the box's worst moment, and below it the gateway admits no new
@@ -674,25 +710,25 @@ class BoxSettings(_Model):
 class BoxPlacement(_Model):
     """One box of a placement: the models resident on it and the KV each gets there."""
 
-    name: str
-    models: tuple[str, ...]
+    name: str  # the box's name in the plan
+    models: tuple[str, ...]  # names of models[] resident on it
     kv_gib: dict[str, float] = Field(default_factory=dict)  # unset: the model's whole-box budget
 
 
 class PlacementSettings(_Model):
     """Where the models live (the three cannot share one 128 GiB box): read by `sparkgate plan`."""
 
-    name: str
+    name: str  # how `sparkgate plan` names the placement in its report
     boxes: tuple[BoxPlacement, ...]
 
 
 class ServingSettings(_Model):
     """How the engines on a box serve their models (the box model's `Serving`)."""
 
-    weight_dtype: Literal["nvfp4", "fp8", "bf16"] = "nvfp4"
-    kv_dtype: Literal["fp8", "bf16"] = "fp8"
-    spec_decode: bool = True
-    block_size: int = Field(16, ge=1)
+    weight_dtype: Literal["nvfp4", "fp8", "bf16"] = "nvfp4"  # the checkpoints' weight format
+    kv_dtype: Literal["fp8", "bf16"] = "fp8"  # the KV cache's dtype
+    spec_decode: bool = True  # each model's speculative decoder (drafts) on
+    block_size: int = Field(16, ge=1)  # tokens per KV block
     routing_locality: float = Field(0.1, gt=0, le=1)  # 1.0 for dummy (random) weights
     async_scheduling: bool = False  # the Spark deployment's --no-async-scheduling
 
@@ -702,7 +738,7 @@ class BoxEfficiency(_Model):
     one box's runs). Defaults: engine_adapter/spark/hardware.py's shared constants."""
 
     gemm: float = Field(gt=0, le=1)  # large-M prefill GEMMs, of the weight dtype's peak
-    bandwidth: float = Field(0.82, gt=0, le=1)
+    bandwidth: float = Field(0.82, gt=0, le=1)  # of the peak memory bandwidth, which decode streams
     attention: float = Field(0.4, gt=0, le=1)  # of the BF16 peak
     moe_gemm: float = Field(0.12, gt=0, le=1)  # expert GEMMs relative to dense ones
 
@@ -711,25 +747,25 @@ class BoxFileSettings(_Model):
     """A box file (config/boxes/*.yaml): one box's public specs, the efficiencies its kernel
     paths reach, its per-step costs, and how its engines serve (read by `sparkgate plan --box`)."""
 
-    name: str
+    name: str  # the box's name in the plan's reports
     memory: int  # GPU-visible bytes: 141GB, 128GiB
     memory_bandwidth: float = Field(gt=0)  # bytes/s, peak
     bf16_flops: float = Field(gt=0)  # dense peaks (not the sparse figures)
-    fp8_flops: float = Field(gt=0)
+    fp8_flops: float = Field(gt=0)  # FLOP/s, dense
     fp4_flops: float = Field(0.0, ge=0)  # 0: no FP4 tensor cores
     efficiency: BoxEfficiency
-    step_overhead_s: float = Field(ge=0)
-    forward_overhead_s: float = Field(0.0004, ge=0)
-    frontend_latency_s: float = Field(0.0, ge=0)
+    step_overhead_s: float = Field(ge=0)  # host time per engine step: scheduler, input prep, sampling
+    forward_overhead_s: float = Field(0.0004, ge=0)  # per extra forward pass (each draft): launch, sync
+    frontend_latency_s: float = Field(0.0, ge=0)  # what vLLM's HTTP frontend adds to client latency
     # The drive an n-gram table on disk is read from (0: none; such a table is then refused).
     nvme_read_bandwidth: float = Field(0.0, ge=0)  # bytes/s
     nvme_read_iops: float = Field(0.0, ge=0)  # random 4 KiB reads/s
     sync_step_s: float = Field(0.0, ge=0)  # host work a synchronous scheduler waits for, per step
     sync_token_s: float = Field(0.0, ge=0)  # ... and per token in the step
-    # Engines sharing the box: a step's work between waits for a busy box-mate's, and the longest
-    # wait (None: the built-in boxes' 10 ms slice; the wait: the slice).
+    # Engines sharing the box: a step's work between waits for a busy box-mate's (None: the
+    # built-in boxes' 10 ms slice).
     gpu_timeslice_s: float | None = Field(None, gt=0)
-    gpu_mate_wait_s: float | None = Field(None, gt=0)
+    gpu_mate_wait_s: float | None = Field(None, gt=0)  # the longest of those waits (None: the slice)
     serving: ServingSettings = ServingSettings()
 
     @field_validator("memory", mode="before")
