@@ -9,7 +9,9 @@ gateway itself uses:
 - config: the pydantic models of gateway/settings.py, walked from `Settings` (the config file)
   and `BoxFileSettings` (a box file), plus any model there that neither reaches. A field's
   description is its `Field(description=...)`, else the comments on and just above its line
-  in the source, else (for a section) its model's docstring.
+  in the source, else (for a section) its model's docstring; a test fails on a field with
+  none. Each field's row has an anchor, `<root>.<path>` without `[]` and `<name>`
+  (`settings.server.port`, `settings.models.latency.tpot_s`); a section field's is its heading.
 - metrics: the Prometheus registry a running app scrapes (`Metrics` with its `LiveCollector`
   bound to an app state with no models): name, type, help and labels.
 - cli: the typer app of gateway/cli.py, as click sees it: commands, help and options.
@@ -295,13 +297,14 @@ def config_page(roots: Sequence[type] | None = None, module: types.ModuleType | 
         if not pending and explicit is None:
             pending = [m for m in extra if m not in walked]
     anchors = {s.model: s.anchor for _, sections in parts for s in sections}
+    headings = set(anchors.values())
     for root, sections in parts:
         title, what = titles.get(root.__name__, (root.__name__, ""))
         lines += [f"## {title} {{#{_slug(root.__name__)}}}", ""]
         if what:
             lines += [f"{what}.", ""]
         for s in sections:
-            lines += _section(s, anchors)
+            lines += _section(s, anchors, headings)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -309,7 +312,19 @@ def _slug(name: str) -> str:
     return "".join("-" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
-def _section(s: Section, anchors: dict[type, str]) -> list[str]:
+def field_anchor(section_anchor: str, name: str) -> str:
+    """A field's anchor on the config page: its section's, dot, its name (`settings.server.port`)."""
+    return f"{section_anchor}.{name}"
+
+
+def _field_cell(path: str, anchor: str, headings: set[str]) -> str:
+    """The field's path, linking to its own anchor, so that a row can be linked to and its link
+    copied. A section field's anchor is its section's heading (`auth` is `### auth`): one id."""
+    link = f"[{_code(path)}](#{anchor})"
+    return link if anchor in headings else f"{link}{{#{anchor}}}"
+
+
+def _section(s: Section, anchors: dict[type, str], headings: set[str]) -> list[str]:
     out = [f"### {_code(s.path)} {{#{s.anchor}}}", ""] if s.path else []
     doc = _first_paragraph(s.model.__doc__) if "__doc__" in vars(s.model) else ""
     if doc:
@@ -329,7 +344,8 @@ def _section(s: Section, anchors: dict[type, str]) -> list[str]:
         default = default_text(info)
         if default != "required" and not default.startswith("("):
             default = _code(default)
-        rows.append((_code(path), kind, default, _field_description(s.model, name, info)))
+        cell = _field_cell(path, field_anchor(s.anchor, name), headings)
+        rows.append((cell, kind, default, _field_description(s.model, name, info)))
     out += _table(("field", "type", "default", "description"), rows)
     return [*out, ""]
 

@@ -41,13 +41,43 @@ def has_row(page: str, first_cell: str) -> bool:
     return True
 
 
+# A config field's first cell: its path linking to its anchor, and the anchor itself unless
+# the field's section heading has it.
+FIELD_CELL = re.compile(r"^\[`(?P<path>[^`]+)`\]\(#(?P<link>[^)]+)\)(?:\{#(?P<id>[^}]+)\})?$")
+
+
+def field_rows(page: str) -> dict[str, list[str]]:
+    """The config page's field rows by path (each row's cells, the first as it is written)."""
+    out = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        m = FIELD_CELL.match(cells[0]) if cells else None
+        if m:
+            out[m["path"]] = cells
+    return out
+
+
+def field_row(page: str, path: str) -> list[str]:
+    """A config field's cells, the first as its path in code (`server.port`)."""
+    cells = field_rows(page).get(path)
+    assert cells is not None, f"no row {path!r} in the page"
+    return [f"`{path}`", *cells[1:]]
+
+
+def undescribed(page: str) -> list[str]:
+    return [path for path, cells in field_rows(page).items() if not cells[3]]
+
+
 # -- config ----------------------------------------------------------------------------------------
 
 
 class ServerWithKnob(ServerSettings):
+    """The server, with knobs."""
+
     # How long the new knob waits before it turns; a comment is all a field needs.
     knob_wait_s: float = Field(2.5, gt=0)
     knob_mode: str = Field("slow", description="The knob's mode, from Field(description=...).")
+    knob_colour: str = "red"
 
 
 class SettingsWithKnob(Settings):
@@ -56,14 +86,50 @@ class SettingsWithKnob(Settings):
 
 def test_a_new_settings_field_appears_in_the_config_page() -> None:
     page = ref.config_page(roots=[SettingsWithKnob])
-    cells = row(page, "`server.knob_wait_s`")
+    cells = field_row(page, "server.knob_wait_s")
     assert cells[1:] == [
         "`float` (> 0)",
         "`2.5`",
         "How long the new knob waits before it turns; a comment is all a field needs.",
     ]
-    assert row(page, "`server.knob_mode`")[3] == "The knob's mode, from Field(description=...)."
-    assert not has_row(ref.config_page(), "`server.knob_wait_s`")
+    assert field_row(page, "server.knob_mode")[3] == "The knob's mode, from Field(description=...)."
+    assert "server.knob_wait_s" not in field_rows(ref.config_page())
+
+
+def test_every_config_field_has_a_description() -> None:
+    # A field needs a comment above it or on its line (or Field(description=...)); a section
+    # field may lean on its model's docstring.
+    assert undescribed(ref.config_page()) == []
+    # The check sees a field written without one.
+    assert undescribed(ref.config_page(roots=[SettingsWithKnob])) == ["server.knob_colour"]
+
+
+def test_each_config_field_has_an_anchor() -> None:
+    page = ref.config_page()
+    rows = field_rows(page)
+    headings = set(re.findall(r"^#+ .* \{#([^}]+)\}$", page, re.MULTILINE))
+    declared = [m["id"] for m in (FIELD_CELL.match(cells[0]) for cells in rows.values()) if m and m["id"]]
+    assert len(declared) == len(set(declared)), "an anchor is declared twice"
+    assert not set(declared) & headings
+    for path, cells in rows.items():
+        m = FIELD_CELL.match(cells[0])
+        assert m is not None
+        # Each row links to its own anchor: one its cell declares, or its section's heading.
+        assert m["link"] == (m["id"] or m["link"]), path
+        assert m["id"] is not None or m["link"] in headings, path
+
+    # The anchor is the root's and the path's, without `[]` and `<name>`.
+    def anchor(path: str) -> str:
+        m = FIELD_CELL.match(rows[path][0])
+        assert m is not None
+        return m["id"] or m["link"]
+
+    assert anchor("server.port") == "settings.server.port"
+    assert anchor("models[].latency.tpot_s") == "settings.models.latency.tpot_s"
+    assert anchor("routing.classes.<name>.ttft_s") == "settings.routing.classes.ttft_s"
+    assert anchor("efficiency.gemm") == "box-file-settings.efficiency.gemm"
+    assert rows["auth"][0] == "[`auth`](#settings.auth)"  # a section: its heading
+    assert "### `auth` {#settings.auth}" in page
 
 
 def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -78,7 +144,7 @@ def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def test_every_settings_field_is_in_the_config_page_once_per_model() -> None:
     page = ref.config_page()
-    documented = set(re.findall(r"^\| `([^`]+)` \|", page, re.MULTILINE))
+    documented = set(field_rows(page))
     # A model met again (a team's `defaults` are `quotas.defaults`' fields) is named, not repeated.
     assert "The same fields at `quotas.teams[].defaults`." in page
     for path in _paths(Settings):
@@ -86,8 +152,8 @@ def test_every_settings_field_is_in_the_config_page_once_per_model() -> None:
             assert path in documented, path
     # Box files are documented too; a required field says so, an omitted section what it holds.
     assert "efficiency.gemm" in documented
-    assert row(page, "`models[].name`")[2] == "required"
-    assert row(page, "`auth`")[2] == '`{"required": false}`'
+    assert field_row(page, "models[].name")[2] == "required"
+    assert field_row(page, "auth")[2] == '`{"required": false}`'
 
 
 # -- metrics ---------------------------------------------------------------------------------------
