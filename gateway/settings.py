@@ -22,6 +22,7 @@ from gateway.text.formats import ReasoningParser, ToolParser
 from gateway.vllm_versions import FeatureName, parse
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
 from policies.known_issues import ISSUE_IDS, unknown_issues
+from policies.kv import cdiv, request_state_blocks
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
 
 if TYPE_CHECKING:
@@ -361,16 +362,28 @@ class PleTableSettings(_Model):
 class KvBlockSettings(_Model):
     """The engine's KV pool geometry, for a pool counted in whole blocks (vLLM's kv_cache_config:
     Flash-Next on vLLM 0.32, CUDA, FP8 KV: 40,943,616 B per block of 3,136 tokens), and its
-    per-request state groups: each state group (GDN, PLE short conv) holds 2 blocks with prefix
-    caching (mamba align), 1 without; each ring group 1 (Flash-Next: 4 and 1, so 9 or 5)."""
+    per-request state groups (GDN, PLE short conv) and rings, whose blocks policies/kv.py's
+    state-block rule counts (Flash-Next: 4 and 1, so 9 a request with prefix caching and
+    synchronous scheduling, 5 without prefix caching; docs/kv-footprint.md)."""
 
     block_bytes: int = Field(gt=0)  # one block's bytes, all layers of the pool
     block_tokens: int = Field(gt=0)  # tokens one block holds
     state_groups: int = Field(0, ge=0)  # KV groups of per-request state (GDN, PLE short conv)
     ring_groups: int = Field(0, ge=0)  # KV groups of a per-request ring buffer (QSA raw keys)
 
-    def blocks(self, *, prefix_caching: bool) -> KvBlocks:
-        state = self.state_groups * (2 if prefix_caching else 1) + self.ring_groups
+    def blocks(
+        self, *, prefix_caching: bool, async_scheduling: bool, max_num_batched_tokens: int, max_model_len: int
+    ) -> KvBlocks:
+        """The pool with each running request's state blocks at their most (policies/kv.py's rule,
+        at a max_model_len request)."""
+        state = request_state_blocks(
+            self.state_groups,
+            self.ring_groups,
+            "align" if prefix_caching else "none",
+            cdiv(max_model_len, self.block_tokens),
+            async_scheduling=async_scheduling,
+            chunk_blocks=cdiv(max_num_batched_tokens, self.block_tokens),
+        )
         return KvBlocks(block_bytes=self.block_bytes, block_tokens=self.block_tokens, state_blocks=state)
 
 
@@ -966,7 +979,16 @@ def model_memory(m: ModelSettings) -> ModelMemory:
         kv_share=m.kv_share,
         ple=None if m.ple_table is None else m.ple_table.table(),
         max_num_batched_tokens=m.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
-        kv_blocks=None if m.kv_blocks is None else m.kv_blocks.blocks(prefix_caching=m.enable_prefix_caching),
+        kv_blocks=None
+        if m.kv_blocks is None
+        else m.kv_blocks.blocks(
+            prefix_caching=m.enable_prefix_caching,
+            # vLLM turns asynchronous scheduling on unless told not to (CUDA builds); the box
+            # model's simulated engines schedule synchronously, as the Spark deployment does.
+            async_scheduling=bool(m.engine_args.get("async_scheduling", m.engine == "vllm")),
+            max_num_batched_tokens=m.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+            max_model_len=m.max_model_len,
+        ),
         max_num_seqs=m.max_num_seqs,
         max_model_len=m.max_model_len,
         shards=m.box_shards,

@@ -111,22 +111,50 @@ def _steps(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> list[tuple[int,
     return steps
 
 
+def state_group_blocks(
+    mamba_mode: Literal["none", "align"] | None, full_blocks: int, *, async_scheduling: bool, chunk_blocks: int
+) -> int:
+    """Blocks one linear-attention (Mamba, GDN, short-conv) state group holds at a request's
+    peak, when its attention holds `full_blocks` and a prefill chunk spans `chunk_blocks`: the
+    one rule admission and the memory plan both count by (docs/kv-footprint.md)."""
+    if mamba_mode != "align" or full_blocks <= 1:
+        return 1  # one state block
+    if not async_scheduling:
+        # "align" keeps the previous state block for the step that crosses into a new block,
+        # which is also the step the attention groups reach their peak (vLLM 0.32, 0.34).
+        return 2
+    # Asynchronous scheduling (CUDA builds) holds more while a chunked prefill crosses several
+    # blocks (docs/kv-footprint.md, section 8). Bound: the blocks one chunk spans, plus two.
+    return min(full_blocks, 2 + chunk_blocks)
+
+
+def request_state_blocks(
+    state_groups: int,
+    ring_groups: int,
+    mamba_mode: Literal["none", "align"] | None,
+    full_blocks: int,
+    *,
+    async_scheduling: bool,
+    chunk_blocks: int,
+) -> int:
+    """A request's blocks besides its attention blocks: each state group's, and one per ring."""
+    per_group = state_group_blocks(
+        mamba_mode, full_blocks, async_scheduling=async_scheduling, chunk_blocks=chunk_blocks
+    )
+    return state_groups * per_group + ring_groups
+
+
 def _held(group: KVGroup, c: int, k: int, full_blocks: int, spec: KVSpec) -> int:
     if group.kind == "ring":
         return 1
     if group.kind == "linear_attention":
-        if group.mamba_mode != "align" or full_blocks == 1:
-            return 1  # one state block
-        if not spec.async_scheduling:
-            # "align" keeps the previous state block for the step that crosses into a new
-            # block, which is also the step the attention groups reach their peak (vLLM 0.32;
-            # docs/kv-footprint.md).
-            return 2
-        # Asynchronous scheduling (CUDA builds) holds more while a chunked prefill crosses
-        # several blocks (docs/kv-footprint.md, section 8). Bound: the blocks one chunk spans,
-        # plus two.
         chunk = spec.max_num_batched_tokens or full_blocks * group.block_size
-        return min(full_blocks, 2 + cdiv(chunk, group.block_size))
+        return state_group_blocks(
+            group.mamba_mode,
+            full_blocks,
+            async_scheduling=spec.async_scheduling,
+            chunk_blocks=cdiv(chunk, group.block_size),
+        )
     if group.kind == "sliding_window" and group.sliding_window:
         return _sliding_held(group, c, k)
     return cdiv(c + k, group.block_size)

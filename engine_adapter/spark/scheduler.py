@@ -177,12 +177,20 @@ class BoxSim:
 
     def state_blocks(self, full_blocks: int) -> int:
         """Pool blocks a request holds at its peak besides its `full_blocks` attention blocks, in
-        vLLM 0.32 (v1/core/single_type_kv_cache_manager.py, measured on its scheduler with the
-        Flash-Next shape): each ring group one; each state group one, or in mamba_cache_mode
-        "align" two once the request spans more than one block (the previous state block stays for
-        the step that crosses into the next). Flash-Next: 6 if F = 1, else F + 9 (align) or F + 5."""
+        vLLM 0.32 and 0.34 (v1/core/single_type_kv_cache_manager.py, measured on their schedulers
+        with the Flash-Next shape): each ring group one; each state group one, or in
+        mamba_cache_mode "align" two once the request spans more than one block (the previous
+        state block stays for the step that crosses into the next), and under asynchronous
+        scheduling up to the blocks a prefill chunk spans plus two. Flash-Next: 6 if F = 1, else
+        F + 9 (align) or F + 5. policies/kv.py's `request_state_blocks` is the rule; this copy
+        (engine_adapter may not import policies) is pinned to it by tests/unit/test_spark.py."""
         m = self.model
-        per_group = 2 if self.mamba_align and full_blocks > 1 else 1
+        if not self.mamba_align or full_blocks <= 1:
+            per_group = 1
+        elif not self.serving.async_scheduling:
+            per_group = 2
+        else:
+            per_group = min(full_blocks, 2 + -(-self.config.max_num_batched_tokens // self.block_size))
         return m.state_groups * per_group + m.ring_groups
 
     def _check_align(self) -> None:

@@ -222,6 +222,7 @@ FLASH = {
     "max_num_batched_tokens": 4096,
     "ple_table": {"rows": 320001536, "dim": 160, "dtype": "fp8", "placement": "host"},
     "kv_blocks": {"block_bytes": 40943616, "block_tokens": 3136, "state_groups": 4, "ring_groups": 1},
+    "engine_args": {"async_scheduling": False},  # as the Spark deployment runs
 }
 
 
@@ -307,6 +308,11 @@ def test_a_kv_pool_short_of_state_blocks_does_not_fit(tmp_path: Path) -> None:
     codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [disk]}, skip_local=True)
     # 3 GiB = 78 blocks; one 262,144-token sequence is 84 blocks, plus 9 x 4 state blocks.
     assert codes == {"memory_plan"} and "78 blocks of 40,943,616 B" in msg and "it needs 120" in msg
+    # Asynchronous scheduling (vLLM's default on CUDA) holds up to the blocks a 4,096-token chunk
+    # spans plus 2 per state group, as admission reserves them (policies/kv.py): 4 x 4 + 1 = 17.
+    unset = disk | {"engine_args": {}}
+    codes, msg, _ = _check(tmp_path, {"box": {"memory": "121.6GiB"}, "models": [unset]}, skip_local=True)
+    assert "it needs 152 (one 262144-token sequence plus 17 state blocks for each of 4 sequences)" in msg
 
 
 @pytest.mark.parametrize(

@@ -255,3 +255,34 @@ def test_kv_spec_agrees_with_the_gateways_footprint() -> None:
         while sim.has_work:
             peak = max(peak, sim.step().blocks_in_use)
         assert peak == footprint(spec, ids, m).blocks == math.ceil((p + m - 1) / BS)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_the_box_models_state_blocks_are_the_policys(async_scheduling: bool, prefix_caching: bool) -> None:
+    """BoxSim keeps its own copy of the state-block rule (engine_adapter may not import policies):
+    it is policies/kv.py's `request_state_blocks`, in both scheduling modes, with and without
+    prefix caching (mamba align), for every attention hold."""
+    from engine_adapter.spark import Serving
+    from policies.kv import cdiv, request_state_blocks
+
+    flash = MODELS["Qwen3.8-Flash-Next"]
+    serving = Serving(async_scheduling=async_scheduling, block_size=flash.vllm_block_size)
+    config = SimConfig(serving=serving, enable_prefix_caching=prefix_caching, max_num_batched_tokens=8192)
+    sim = BoxSim(flash, DGX_SPARK, config)
+    for full in (1, 2, 3, 4, 5, 84):
+        want = request_state_blocks(
+            flash.state_groups,
+            flash.ring_groups,
+            "align" if prefix_caching else "none",
+            full,
+            async_scheduling=async_scheduling,
+            chunk_blocks=cdiv(8192, flash.vllm_block_size),
+        )
+        assert sim.state_blocks(full) == want, full
+    # Flash-Next's measured rule (vLLM 0.32 and 0.34): F + 9 in align, F + 5 without; under async
+    # scheduling the bound of an 8,192-token chunk (3 blocks of 3,136) + 2 per state group.
+    if not prefix_caching:
+        assert sim.state_blocks(84) == 5
+    else:
+        assert sim.state_blocks(84) == (4 * (2 + 3) + 1 if async_scheduling else 9)
