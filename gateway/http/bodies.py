@@ -6,6 +6,7 @@ states into the exact JSON shapes OpenAI clients parse.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,19 @@ from gateway.text.assistant import Turn
 
 # OpenAI's spec has a string here (what backend served it); clients that check types reject null.
 SYSTEM_FINGERPRINT = "fp_sparkgate"
+
+
+# vLLM's server floor for a logprob JSON cannot carry: -inf is a token a structured output's
+# grammar (or a -100 bias) masked, and a body holding it fails to encode (a 500).
+LOGPROB_FLOOR = -9999.0
+
+
+def finite(logprob: float) -> float:
+    """The logprob as JSON can carry it: -inf and NaN at vLLM's floor (+inf, never a log of a
+    probability, as 0)."""
+    if LOGPROB_FLOOR < logprob < math.inf:
+        return logprob
+    return 0.0 if logprob == math.inf else LOGPROB_FLOOR
 
 
 def _bytes(token: str) -> list[int]:
@@ -25,9 +39,9 @@ def chat_logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob], top_k: int
         "content": [
             {
                 "token": lp.token,
-                "logprob": lp.logprob,
+                "logprob": finite(lp.logprob),
                 "bytes": _bytes(lp.token),
-                "top_logprobs": [{"token": t, "logprob": v, "bytes": _bytes(t)} for _, t, v in lp.top[:top_k]],
+                "top_logprobs": [{"token": t, "logprob": finite(v), "bytes": _bytes(t)} for _, t, v in lp.top[:top_k]],
             }
             for lp in lps
         ],
@@ -45,9 +59,9 @@ def prompt_logprobs(
         if lp is None:
             out.append(None)
             continue
-        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.token}}
+        entry = {str(lp.token_id): {"logprob": finite(lp.logprob), "rank": lp.rank, "decoded_token": lp.token}}
         for rank, (token_id, token, logprob) in enumerate(lp.top[:top_k], start=1):
-            entry.setdefault(str(token_id), {"logprob": logprob, "rank": rank, "decoded_token": token})
+            entry.setdefault(str(token_id), {"logprob": finite(logprob), "rank": rank, "decoded_token": token})
         out.append(entry)
     return out
 
@@ -72,12 +86,13 @@ class CompletionLogprobs:
                 self.token_logprobs.append(None)
                 self.top_logprobs.append(None)
             else:
-                self.token_logprobs.append(lp.logprob)
+                logprob = finite(lp.logprob)
+                self.token_logprobs.append(logprob)
                 # The sampled token first, then the top k (as vLLM answers: `logprobs: 0` gives
                 # the sampled token alone, and one outside the top k makes k + 1 entries).
-                top = {text: lp.logprob}
+                top = {text: logprob}
                 for _, t, v in lp.top[: self.top_k]:
-                    top.setdefault(t, v)
+                    top.setdefault(t, finite(v))
                 self.top_logprobs.append(top)
 
     def body(self) -> dict[str, Any]:
@@ -136,17 +151,19 @@ def tool_call(index: int | None, id: str, name: str, arguments: str) -> dict[str
     return call if index is None else {"index": index, **call}
 
 
-def chat_message(turn: Turn, echo: str = "") -> dict[str, Any]:
+def chat_message(turn: Turn, echo: str = "", *, forced: bool = False) -> dict[str, Any]:
     """The assistant message: the answer (after the echoed text, for vLLM's `echo`), the
     reasoning under both names clients read (`reasoning_content`, vLLM's older; `reasoning`,
-    its newer), the tool calls."""
+    its newer), the tool calls. A forced call the token limit cut (`forced`, no call) has
+    `tool_calls: null`, as vLLM answers it: a client that forced a call tests for None."""
     content = echo + turn.content
+    calls = [tool_call(None, c.id, c.name, c.arguments) for c in turn.tool_calls]
     message: dict[str, Any] = {
         "role": "assistant",
         # OpenAI sends null content beside tool calls when there is no text.
         "content": content if content or not turn.tool_calls else None,
         "refusal": None,
-        "tool_calls": [tool_call(None, c.id, c.name, c.arguments) for c in turn.tool_calls],
+        "tool_calls": calls or (None if forced else []),
     }
     if turn.saw_reasoning:
         message["reasoning_content"] = message["reasoning"] = turn.reasoning
@@ -162,8 +179,10 @@ def chat_completion(
     usage: Usage,
     top_logprobs: int | None,
     extras: Extras | None = None,
+    forced: bool = False,
 ) -> dict[str, Any]:
-    """`choices`: each choice's state, its parsed turn and its finish reason."""
+    """`choices`: each choice's state, its parsed turn and its finish reason; `forced`: the
+    request forced a tool call."""
     x = extras or Extras()
     body = {
         "id": id,
@@ -173,7 +192,7 @@ def chat_completion(
         "choices": [
             {
                 "index": c.index,
-                "message": chat_message(turn, x.echo),
+                "message": chat_message(turn, x.echo, forced=forced),
                 "logprobs": chat_logprobs(c.logprobs, top_logprobs) if top_logprobs is not None else None,
                 "finish_reason": finish,
             }
@@ -183,8 +202,8 @@ def chat_completion(
         "usage": usage.body(),
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }
-    if x.prompt_logprobs is not None:
-        body["prompt_logprobs"] = x.prompt_logprobs
+    # Null when not asked, as vLLM answers: its clients read the field either way.
+    body["prompt_logprobs"] = x.prompt_logprobs
     if x.prompt_token_ids is not None:
         body["prompt_token_ids"] = x.prompt_token_ids
     return body

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from engine_adapter.base import EngineChunk
@@ -121,6 +122,7 @@ async def complete(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> 
             ],
             usage=acct.usage,
             top_logprobs=job.logprobs,
+            forced=job.turn.forced is not None,
             extras=bodies.Extras(
                 echo=job.echo_text,
                 prompt_logprobs=acct.prompt_logprobs_body(0),
@@ -152,7 +154,7 @@ def _completion_extras(
     """vLLM's fields of a completion choice: its prompt's logprobs and ids (`whole`: in a body,
     or a stream's first chunk of the choice) and its own new ids."""
     extras: dict[str, Any] = {}
-    if whole and job.prompt_logprobs is not None and not job.stream:  # vLLM streams none
+    if whole and not job.stream:  # vLLM streams none; a body has it, null when not asked
         extras["prompt_logprobs"] = acct.prompt_logprobs_body(prompt_index)
     if job.return_token_ids:
         if whole:
@@ -206,6 +208,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
 
     try:
         async for i, chunk in chunks:
+            shown = acct.usage.completion_tokens  # the count the frames so far carried
             acct.observe(i, chunk)
             frames: list[str] = []
             out: list[dict[str, Any]] = []
@@ -217,14 +220,20 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
                         parsers[idx] = TurnParser(job.turn)
                         role = {"role": "assistant", "content": ""}
                         ids = {"prompt_token_ids": list(job.prompts[0].token_ids)} if job.return_token_ids else {}
+                        # The usage so far leaves out the tokens of the text that follows these
+                        # frames, as vLLM counts: each chunk's count then grows.
+                        before = replace(acct.usage, completion_tokens=shown) if job.continuous_usage else None
                         frames.append(
-                            frame([{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}], top=ids)
+                            frame(
+                                [{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}],
+                                before,
+                                top=ids,
+                            )
                         )
                         if job.echo_text:
-                            echoed = {"content": job.echo_text}
-                            frames.append(
-                                frame([{"index": idx, "delta": echoed, "logprobs": None, "finish_reason": None}])
-                            )
+                            echoed = {"index": idx, "delta": {"content": job.echo_text}}
+                            frames.append(frame([echoed | {"logprobs": None, "finish_reason": None}], before))
+                    shown += len(c.token_ids)
                     parser = parsers[idx]
                     events = parser.feed(c.text, c.token_ids)
                     if c.finish_reason is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -31,6 +32,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]  # the vocabulary's bound is checked in prepare
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # logit_bias: a token id as JSON keys are
 
 
@@ -53,6 +55,11 @@ def _engine_safe(value: Any) -> Any:
 
 
 FreeJson = Annotated[dict[str, Any], AfterValidator(_engine_safe)]
+
+
+def _is_bias(b: Any) -> bool:
+    """A logit_bias value the field accepts."""
+    return isinstance(b, int | float) and not isinstance(b, bool) and -100 <= b <= 100
 
 
 class _Request(BaseModel):
@@ -297,6 +304,23 @@ class SamplingFields(_Request):
     # `truncation_side` (left: the last ones; right: the first; default: the tokenizer's).
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
     truncation_side: Literal["left", "right"] | None = None
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bad_keys_named(cls, v: Any) -> Any:
+        # Pydantic reports each bad key apart and the 400 names only the first; with several,
+        # one error names them all (as vLLM's does), so a client fixes them in one go.
+        if not isinstance(v, dict):
+            return v
+        keys = [k for k in v if not (isinstance(k, str) and _TOKEN_ID_KEY.fullmatch(k))]
+        not_ids = set(keys)  # a set: a body may hold very many keys
+        biases = [k for k, b in v.items() if k not in not_ids and not _is_bias(b)]
+        if len(keys) + len(biases) > 1:
+            named = [f"keys that are not token ids (integers from 0): {', '.join(map(repr, keys))}"] if keys else []
+            if biases:
+                named.append(f"keys whose bias is not a number from -100 to 100: {', '.join(map(repr, biases))}")
+            raise ValueError("; ".join(named))
+        return v
 
     @field_validator("prompt_logprobs")
     @classmethod

@@ -5,6 +5,7 @@ prompts, n greedy choices, and the fields the gateway refuses by name."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -146,6 +147,44 @@ def test_an_invalid_tool_schema_is_a_400_before_a_forced_call_streams(server: Se
     assert error(post(server, "chat/completions", body))["param"] == "tool_choice"
 
 
+def strict_json(text: str) -> Any:
+    """JSON as a strict parser reads it (Python's reads NaN and -Infinity, which are not JSON)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+def test_logprobs_a_grammar_masked_are_floored_as_vllm_does(server: Server, path: str, stream: bool) -> None:
+    """The grammar masks all but a few tokens: their logprob is -inf, which JSON cannot carry
+    (a 500 whole, `-Infinity` streamed); vLLM's server answers -9999.0, and so does this one."""
+    body: dict[str, Any] = {"max_tokens": 4, "seed": 1, "stream": stream, "structured_outputs": {"choice": ["ab"]}}
+    if path.startswith("chat"):
+        body |= {"messages": HI, "logprobs": True, "top_logprobs": 5}
+    else:
+        body |= {"prompt": "pick one:", "logprobs": 5}
+    with httpx.stream("POST", f"{server.api}/{path}", json={"model": DENSE, **body}, headers=AUTH, timeout=120) as r:
+        text = r.read().decode()
+    assert r.status_code == 200, text
+    if stream:
+        docs = [strict_json(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    else:
+        docs = [strict_json(text)]
+    assert not any("error" in d for d in docs), docs
+    values: list[float] = []
+    for d in docs:
+        for c in d["choices"]:
+            lps = c["logprobs"] or {}
+            for entry in lps.get("content") or ():  # chat
+                values += [entry["logprob"], *(t["logprob"] for t in entry["top_logprobs"])]
+            values += [v for v in lps.get("token_logprobs") or () if v is not None]  # completions
+            values += [v for top in lps.get("top_logprobs") or () if top for v in top.values()]
+    assert -9999.0 in values and all(-9999.0 <= v <= 0 for v in values), values
+
+
 # -- the prompt's logprobs and token ids -----------------------------------------------------
 
 
@@ -167,6 +206,15 @@ def test_completion_prompt_logprobs_are_per_choice(server: Server) -> None:
     lps = body["choices"][0]["prompt_logprobs"]
     assert len(lps) == body["usage"]["prompt_tokens"] and lps[0] is None
     assert all(len(e) == 1 for e in lps[1:])  # 0: the prompt's own token alone
+
+
+def test_prompt_logprobs_are_null_when_not_asked(server: Server) -> None:
+    """As vLLM's server answers: its clients read the field (`completion.prompt_logprobs is None`)."""
+    body = chat(server)
+    assert "prompt_logprobs" in body and body["prompt_logprobs"] is None
+    r = post(server, "completions", {"prompt": "one two", "max_tokens": 2})
+    choice = r.json()["choices"][0]
+    assert "prompt_logprobs" in choice and choice["prompt_logprobs"] is None
 
 
 def test_prompt_logprobs_are_refused_when_streamed(server: Server) -> None:
@@ -255,6 +303,9 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server: Serv
     assert all(
         c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"] for c in chunks
     )
+    # vLLM's test: each chunk's count grows (chat's opening role chunk counts 0); only the
+    # usage-only last chunk repeats the count before it.
+    assert all(a < b for a, b in itertools.pairwise(done[:-1])) and done[-2] == done[-1], done
     without = events(server, path, body | {"stream_options": {"include_usage": True}})
     assert [c["usage"] is None for c in without] == [True] * (len(without) - 1) + [False]
 
@@ -334,6 +385,7 @@ def test_a_cut_forced_call_never_has_unparsable_arguments(server: Server, stream
         assert r.status_code == 200, r.text
         message = r.json()["choices"][0]["message"]
         calls = message["tool_calls"]
+        assert calls is None  # as vLLM answers a forced call with none in it, not []
         finish = [r.json()["choices"][0]["finish_reason"]]
     assert not calls and finish == ["length"]
     whole = post(server, "chat/completions", body | {"max_completion_tokens": 64, "seed": 7}).json()
@@ -351,6 +403,11 @@ def test_a_cut_forced_call_never_has_unparsable_arguments(server: Server, stream
 def test_a_field_not_honoured_is_a_400_naming_it(server: Server, field: str, value: Any) -> None:
     err = error(post(server, "chat/completions", {"messages": HI, field: value}))
     assert err["param"] == field and err["code"] == "unsupported_parameter" and field in err["message"]
+
+
+def test_several_bad_logit_bias_keys_are_all_named(server: Server) -> None:
+    err = error(post(server, "chat/completions", {"messages": HI, "logit_bias": {"-1": 1, "abc": 1, "5": 1}}))
+    assert err["param"] == "logit_bias" and "'-1', 'abc'" in err["message"], err
 
 
 def test_a_refused_field_at_its_default_is_accepted(server: Server) -> None:

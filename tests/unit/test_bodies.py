@@ -1,5 +1,15 @@
+import json
+import math
+
 from engine_adapter.base import ChoiceDelta, TokenLogprob
-from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, chat_logprobs
+from gateway.http.bodies import (
+    LOGPROB_FLOOR,
+    ChoiceState,
+    CompletionLogprobs,
+    Usage,
+    chat_logprobs,
+    prompt_logprobs,
+)
 
 
 def lp(token: str, value: float) -> TokenLogprob:
@@ -49,3 +59,27 @@ def test_chat_logprobs_shape() -> None:
     entry = body["content"][0]
     assert entry["bytes"] == list("é".encode())
     assert [t["token"] for t in entry["top_logprobs"]] == ["é", "x"]
+
+
+def test_logprobs_json_cannot_carry_are_floored_as_vllm_does() -> None:
+    """-inf (a token a grammar masked) and NaN become vLLM's -9999.0: strict JSON, no 500."""
+    masked = TokenLogprob(
+        token_id=1, token="a", logprob=-math.inf, top=((2, "b", math.nan), (1, "a", -math.inf)), rank=2
+    )
+    chat = chat_logprobs([masked], 2)
+    legacy = CompletionLogprobs(top_k=2)
+    legacy.add([masked], ["a"])
+    prompt = prompt_logprobs((None, masked), 2, 2)
+    for body in (chat, legacy.body(), prompt):
+        json.dumps(body, allow_nan=False)  # raises on any non-finite float
+    assert chat["content"][0]["logprob"] == LOGPROB_FLOOR == -9999.0
+    assert [t["logprob"] for t in chat["content"][0]["top_logprobs"]] == [-9999.0, -9999.0]
+    assert legacy.body()["token_logprobs"] == [-9999.0] and legacy.body()["top_logprobs"] == [
+        {"a": -9999.0, "b": -9999.0}
+    ]
+    assert prompt[1] == {
+        "1": {"logprob": -9999.0, "rank": 2, "decoded_token": "a"},
+        "2": {"logprob": -9999.0, "rank": 1, "decoded_token": "b"},
+    }
+    assert chat_logprobs([lp("c", math.inf)], 0)["content"][0]["logprob"] == 0.0
+    assert chat_logprobs([lp("c", -0.25)], 0)["content"][0]["logprob"] == -0.25  # a finite one as it is

@@ -220,3 +220,16 @@ def test_structural_tag_response_format_needs_its_tag() -> None:
     legacy = {"type": "structural_tag", "structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<a>"]}
     rf = CompletionRequest.model_validate(base | {"response_format": legacy}).response_format
     assert rf is not None and json.loads(rf.structural_tag) == legacy
+
+
+def test_several_bad_logit_bias_entries_are_named_in_one_error() -> None:
+    """One bad key names its place (above); several are named together, as vLLM names them."""
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate(base | {"logit_bias": {"-1": 1, "abc": 2, "5": 1, "6": 101}})
+    (err,) = e.value.errors()
+    assert err["loc"] == ("logit_bias",)
+    assert "'-1', 'abc'" in err["msg"] and "-100 to 100: '6'" in err["msg"]
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", "logit_bias": {"x": 1, "y": 1}})
+    assert [x["loc"] for x in e.value.errors()] == [("logit_bias",)]
