@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import openai
 import pytest
 import yaml
 
+from tests import exit_with_parent
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,7 +232,8 @@ class _Started:
 def _start(spec: Launch) -> _Started:
     log = spec.log_path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", spec.command, "--config", str(spec.config)],
+        # It ends with this process, killed or not (tests/exit_with_parent.py).
+        exit_with_parent.command("gateway.cli", spec.command, "--config", str(spec.config)),
         cwd=ROOT,
         env=None if spec.env is None else {**os.environ, **spec.env},
         stdout=log,
@@ -465,7 +466,13 @@ class RedisServer:
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"]
         log = (self.dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        self.proc = subprocess.Popen(
+            [self.binary, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            preexec_fn=exit_with_parent.pdeathsig(),  # it ends with this process, killed or not
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
