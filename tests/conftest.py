@@ -529,20 +529,23 @@ REPLAY_AGENTS = "replay-agents"
 AGENT_MAX_LEN = 131072
 
 
-def replay_dict(port: int = 0) -> dict[str, Any]:
-    """Replay engines (engine_adapter/replay.py): recorded Qwen turns, no model weights."""
+def replay_dict(port: int | None = None) -> dict[str, Any]:
+    """config/replay.yaml (replay engines, engine_adapter/replay.py: recorded Qwen turns, no
+    weights) with the tests' key, on `port` (else a free one), its model under three names."""
     from gateway.settings import hash_key
+    from tests.configs import shipped_config
 
-    path = str(MODELS / "tiny-qwen3")
-    return {
-        "server": server_section(port),
-        "auth": {"required": True, "keys": [{"name": "tester", "sha256": hash_key(API_KEY)}]},
-        "models": [
-            {"name": REPLAY, "engine": "replay", "path": path, "max_model_len": 4096},
-            {"name": REPLAY_XML, "engine": "replay", "path": path, "max_model_len": 4096, "tool_parser": "qwen3_xml"},
-            {"name": REPLAY_AGENTS, "engine": "replay", "path": path, "max_model_len": AGENT_MAX_LEN},
-        ],
-    }
+    cfg = shipped_config("replay", auth={"keys": [{"name": "tester", "sha256": hash_key(API_KEY)}]})
+    if port is not None:
+        cfg["server"]["port"] = port
+    # Overrides change named items, they add none: the three are the shipped one, renamed.
+    shipped = cfg["models"][0]
+    cfg["models"] = [
+        {**shipped, "name": REPLAY, "max_model_len": 4096},
+        {**shipped, "name": REPLAY_XML, "max_model_len": 4096, "tool_parser": "qwen3_xml"},
+        {**shipped, "name": REPLAY_AGENTS, "max_model_len": AGENT_MAX_LEN},
+    ]
+    return cfg
 
 
 def replay_config(tmp: Path, port: int) -> Path:
