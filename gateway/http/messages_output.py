@@ -14,8 +14,8 @@ cache held), `ping`, then per block `content_block_start`, deltas (`text_delta`,
 `message_delta` with the stop reason and the usage, and `message_stop`. An error after the
 stream started is an `error` event.
 
-stop_reason: `tool_use` when the turn called a tool, `max_tokens` at the token limit,
-`stop_sequence` (naming it) at a stop sequence, else `end_turn`. Usage: `input_tokens` are
+stop_reason: `max_tokens` at the token limit (a tool call cut there too), `tool_use` when the
+turn called a tool, `stop_sequence` (naming it) at a stop sequence, else `end_turn`. Usage: `input_tokens` are
 the prompt tokens neither read from the prefix cache (`cache_read_input_tokens`) nor newly
 written to it in whole blocks (`cache_creation_input_tokens`); the three add up to the prompt
 the quota is charged for, which `count_tokens` returns.
@@ -155,11 +155,12 @@ def _usage(tally: Tally) -> dict[str, Any]:
 
 
 def _stop(tally: Tally, tool_calls: int) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence)."""
-    if tool_calls:
-        return "tool_use", None
+    """(stop_reason, stop_sequence). A tool call cut by the token limit is `max_tokens`, as
+    Anthropic's API says it: its input is incomplete, and a client retries with more tokens."""
     if tally.finish_reason == "length":
         return "max_tokens", None
+    if tool_calls:
+        return "tool_use", None
     if isinstance(tally.stop_reason, str):
         return "stop_sequence", tally.stop_reason
     return "end_turn", None

@@ -34,7 +34,9 @@ def client(server: Server) -> anthropic.Anthropic:
 
 @pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"}, {"type": "any"}])
 def test_a_forced_tool_is_generated_under_its_schema(client: anthropic.Anthropic, choice: Any) -> None:
-    m = client.messages.create(model=DENSE, max_tokens=64, messages=ASK, tools=[WEATHER], tool_choice=choice)
+    # The grammar bounds the call (12 characters of city, each at most a 6-token \uXXXX escape):
+    # 256 tokens cannot cut it, whatever the random weights sample.
+    m = client.messages.create(model=DENSE, max_tokens=256, messages=ASK, tools=[WEATHER], tool_choice=choice)
     (call,) = m.content
     assert call.type == "tool_use" and call.name == "get_weather" and m.stop_reason == "tool_use"
     assert set(call.input) == {"city"} and isinstance(call.input["city"], str)  # type: ignore[index]

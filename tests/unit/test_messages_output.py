@@ -86,3 +86,18 @@ def test_an_engine_death_mid_stream_is_an_error_event() -> None:
     assert [e["type"] for e in out][:2] == ["message_start", "ping"]
     assert out[-1] == {"type": "error", "error": {"type": "api_error", "message": "engine m died"}}
     assert j.meter.error_code == "engine_unavailable"
+
+
+def test_a_tool_call_cut_by_the_token_limit_stops_at_max_tokens() -> None:
+    """Its input is incomplete: Anthropic's API says `max_tokens`, and a client retries with
+    more; a whole call is `tool_use`, whatever else ended the turn."""
+    from gateway.http.messages_output import _stop
+
+    def tally(finish: str, stop: Any = None) -> Any:
+        return SimpleNamespace(finish_reason=finish, stop_reason=stop)
+
+    assert _stop(tally("length"), tool_calls=1) == ("max_tokens", None)
+    assert _stop(tally("stop"), tool_calls=1) == ("tool_use", None)
+    assert _stop(tally("stop", "STOP"), tool_calls=1) == ("tool_use", None)
+    assert _stop(tally("length"), tool_calls=0) == ("max_tokens", None)
+    assert _stop(tally("stop"), tool_calls=0) == ("end_turn", None)
