@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
+from gateway.http.sse import sse
 from gateway.http.tally import Tally
 from gateway.lifecycle.job import Job
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
@@ -40,15 +40,6 @@ log = logging.getLogger(__name__)
 
 BlockKind = Literal["text", "thinking", "tool_use"]
 SIGNATURE = ""  # thinking is not signed here: a client sends it back as it got it
-
-
-def new_id(kind: str) -> str:
-    return f"{kind}_{uuid.uuid4().hex[:24]}"
-
-
-def sse(event: dict[str, Any]) -> str:
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n"
 
 
 @dataclass
@@ -208,20 +199,23 @@ class MessageEncoder:
                 if not started:
                     started = True
                     opening = self._message(job, [], _usage(tally) | {"output_tokens": 0})
-                    lines += [sse({"type": "message_start", "message": opening}), sse({"type": "ping"})]
+                    lines += [
+                        sse({"type": "message_start", "message": opening}, named=True),
+                        sse({"type": "ping"}, named=True),
+                    ]
                 for c in chunk.choices:
-                    lines += [sse(e) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
+                    lines += [sse(e, named=True) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
                 if lines:
                     yield "".join(lines)
             job.meter.reasoning_tokens = parser.reasoning_tokens
-            tail = [sse(e) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
+            tail = [sse(e, named=True) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
             stop_reason, stop_sequence = _stop(tally, blocks.tool_calls)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            tail.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(tally)}))
-            tail.append(sse({"type": "message_stop"}))
+            tail.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(tally)}, named=True))
+            tail.append(sse({"type": "message_stop"}, named=True))
             yield "".join(tail)
         except Exception as exc:  # the status line is sent: report in-band
             err = from_exception(exc)
             job.meter.error_code = err.code
             log.warning("message stream %s failed: %s", job.id, err.message)
-            yield sse(err.anthropic_body())
+            yield sse(err.anthropic_body(), named=True)

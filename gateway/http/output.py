@@ -7,7 +7,6 @@ the stream started is sent as an `error` event (the status line is gone).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -17,17 +16,13 @@ from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
 from gateway.http import bodies
 from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, tool_call
+from gateway.http.sse import sse
 from gateway.lifecycle.job import Job
 from gateway.text import assistant
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
 from policies import tokens
 
 log = logging.getLogger(__name__)
-
-
-def sse(data: dict[str, Any] | str) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n"
 
 
 class _Accounting:

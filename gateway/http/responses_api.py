@@ -22,8 +22,9 @@ from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
 from gateway.http import response_docs, responses_input, responses_schemas
 from gateway.http.deps import Caller, State
-from gateway.http.responses_output import ResponseEncoder, new_id
+from gateway.http.responses_output import ResponseEncoder
 from gateway.http.serving import Surface, answer, routing_of
+from gateway.http.sse import new_id
 from gateway.responses_store import StoredResponse
 from gateway.state import AppState
 

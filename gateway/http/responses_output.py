@@ -38,7 +38,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -47,6 +46,7 @@ from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
 from gateway.http.responses_input import CUSTOM_INPUT, ToolRef, output_messages
 from gateway.http.responses_schemas import encode_reasoning
+from gateway.http.sse import new_id, sse
 from gateway.http.tally import Tally
 from gateway.lifecycle.job import Job
 from gateway.text.assistant import (
@@ -64,15 +64,6 @@ Status = Literal["in_progress", "completed", "incomplete", "failed"]
 ItemKind = Literal["message", "reasoning", "function_call", "custom_tool_call"]
 # Stores a finished response object with the conversation that continues it.
 Save = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def sse(event: dict[str, Any]) -> str:
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n"
 
 
 # --- output items ------------------------------------------------------------------------
@@ -392,7 +383,7 @@ class ResponseEncoder:
 
         def event(e: dict[str, Any]) -> str:
             nonlocal seq
-            line = sse({"type": e["type"], "sequence_number": seq, **e})
+            line = sse({"type": e["type"], "sequence_number": seq, **e}, named=True)
             seq += 1
             return line
 
