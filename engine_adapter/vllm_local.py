@@ -34,6 +34,7 @@ from engine_adapter.base import (
     TokenLogprob,
     greedy,
 )
+from engine_adapter.vllm_fields import sampling_fields, structured_fields
 
 log = logging.getLogger(__name__)
 
@@ -509,48 +510,12 @@ class VllmLocalEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        structured = None
-        if (so := s.structured) is not None:
-            constraint: dict[str, Any] = {}
-            if so.json_object:
-                constraint["json_object"] = True
-            elif so.json_schema is not None:
-                constraint["json"] = so.json_schema
-            elif so.regex is not None:
-                constraint["regex"] = so.regex
-            elif so.choice is not None:
-                constraint["choice"] = list(so.choice)
-            elif so.grammar is not None:
-                constraint["grammar"] = so.grammar
-            elif so.structural_tag is not None:
-                constraint["structural_tag"] = so.structural_tag
-            structured = StructuredOutputsParams(
-                **constraint,
-                disable_any_whitespace=so.disable_any_whitespace,
-                disable_additional_properties=so.disable_additional_properties,
-                whitespace_pattern=so.whitespace_pattern,
-            )
+        structured = None if s.structured is None else StructuredOutputsParams(**structured_fields(s.structured))
         return SamplingParams(
-            n=1 if greedy(s) else s.n,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k if s.top_k > 0 else 0,
-            min_p=s.min_p,
-            seed=s.seed,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty,
-            stop=list(s.stop) or None,
-            stop_token_ids=list(s.stop_token_ids) or None,
-            include_stop_str_in_output=s.include_stop_str_in_output,
-            ignore_eos=s.ignore_eos,
-            min_tokens=s.min_tokens,
-            logprobs=s.logprobs,
+            **sampling_fields(s),
             prompt_logprobs=s.prompt_logprobs,
             logit_bias=s.logit_bias,
             structured_outputs=structured,
-            skip_special_tokens=s.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
         )
 

@@ -50,6 +50,7 @@ from engine_adapter.base import (
 )
 from engine_adapter.hf_tokenizer import load_tokenizer
 from engine_adapter.polled import PolledEngine
+from engine_adapter.vllm_fields import sampling_fields, structured_fields
 
 log = logging.getLogger(__name__)
 
@@ -166,23 +167,7 @@ def completion_body(request: EngineRequest, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(request.prompt_token_ids),
-        "max_tokens": s.max_tokens,
-        "n": 1 if greedy(s) else s.n,  # n greedy choices are one, copied (`_Stream`)
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k if s.top_k > 0 else -1,
-        "min_p": s.min_p,
-        "seed": s.seed,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "repetition_penalty": s.repetition_penalty,
-        "stop": list(s.stop),
-        "stop_token_ids": list(s.stop_token_ids),
-        "include_stop_str_in_output": s.include_stop_str_in_output,
-        "ignore_eos": s.ignore_eos,
-        "min_tokens": s.min_tokens,
-        "skip_special_tokens": s.skip_special_tokens,
-        "logprobs": s.logprobs,
+        **sampling_fields(s),
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
@@ -193,27 +178,8 @@ def completion_body(request: EngineRequest, model: str) -> dict[str, Any]:
         body["logit_bias"] = {str(k): v for k, v in s.logit_bias.items()}
     if request.cache_salt is not None:
         body["cache_salt"] = request.cache_salt
-    if (so := s.structured) is not None:
-        structured: dict[str, Any] = {}
-        if so.json_object:
-            structured["json_object"] = True
-        if so.json_schema is not None:
-            structured["json"] = so.json_schema
-        if so.regex is not None:
-            structured["regex"] = so.regex
-        if so.choice is not None:
-            structured["choice"] = list(so.choice)
-        if so.grammar is not None:
-            structured["grammar"] = so.grammar
-        if so.structural_tag is not None:
-            structured["structural_tag"] = so.structural_tag
-        if so.disable_any_whitespace:
-            structured["disable_any_whitespace"] = True
-        if so.disable_additional_properties:
-            structured["disable_additional_properties"] = True
-        if so.whitespace_pattern is not None:
-            structured["whitespace_pattern"] = so.whitespace_pattern
-        body["structured_outputs"] = structured
+    if s.structured is not None:
+        body["structured_outputs"] = structured_fields(s.structured)
     return body
 
 
