@@ -192,11 +192,11 @@ def settings_for(model: dict[str, Any], admission: dict[str, Any] | None = None,
 class Direct:
     def __init__(self) -> None:
         from engine_adapter.vllm_local import VllmLocalEngine
-        from gateway.app import vllm_engine
+        from gateway.app import build_engine
         from gateway.settings import Settings
 
         settings = Settings(**settings_for(ENGINE), base_dir=str(ROOT))
-        engine = vllm_engine(settings, settings.models[0])  # exactly what `sparkgate serve` builds
+        engine = build_engine(settings, settings.models[0])  # exactly what `sparkgate serve` builds
         assert isinstance(engine, VllmLocalEngine)
         self.engine = engine
         self._ids = 0

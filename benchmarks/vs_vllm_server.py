@@ -267,11 +267,11 @@ class Direct(Target):
 
     def __init__(self, model: dict[str, Any]) -> None:
         from engine_adapter.vllm_local import VllmLocalEngine
-        from gateway.app import vllm_engine
+        from gateway.app import build_engine
         from gateway.settings import Settings
 
         settings = Settings(**sparkgate_config(model, 0, {}), base_dir=str(ROOT))
-        engine = vllm_engine(settings, settings.models[0])  # what `sparkgate serve` builds
+        engine = build_engine(settings, settings.models[0])  # what `sparkgate serve` builds
         assert isinstance(engine, VllmLocalEngine)
         self.engine = engine
         self.prompt: tuple[int, ...] = ()

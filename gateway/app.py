@@ -52,17 +52,13 @@ log = logging.getLogger(__name__)
 EngineFactory = Callable[[Settings, ModelSettings], Engine]
 
 
+def build_engine(settings: Settings, model: ModelSettings) -> Engine:
+    """The engine a model's settings ask for (`engine:`, looked up in `ENGINES`)."""
+    return ENGINES[model.engine](settings, model)
+
+
 def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
-    """The engine a model's settings ask for: vLLM in this process, the simulated box, an
-    engine on another box, or recorded text replayed."""
-    if model.engine == "simulated":
-        return simulated_engine(settings, model)
-    if model.engine == "remote":
-        return remote_engine(settings, model)
-    if model.engine == "vllm-server":
-        return vllm_server_engine(settings, model)
-    if model.engine == "replay":
-        return replay_engine(settings, model)
+    """vLLM's engine in this process."""
     from engine_adapter.vllm_local import VllmEngineConfig, VllmLocalEngine
 
     path = str(settings.model_path(model))
@@ -174,6 +170,17 @@ def vllm_server_engine(settings: Settings, model: ModelSettings) -> Engine:
     )
 
 
+# Each engine kind of `ModelSettings.engine`: vLLM in this process, the simulated box, an
+# engine host on another box, a stock vLLM server, or recorded text replayed.
+ENGINES: dict[str, EngineFactory] = {
+    "vllm": vllm_engine,
+    "simulated": simulated_engine,
+    "remote": remote_engine,
+    "vllm-server": vllm_server_engine,
+    "replay": replay_engine,
+}
+
+
 def pool_limits(model: ModelSettings, spec: KVSpec) -> PoolLimits:
     """What admission may hand out: the blocks and slots the running engine really has."""
     slots = spec.max_num_seqs if model.max_concurrency is None else min(model.max_concurrency, spec.max_num_seqs)
@@ -231,7 +238,7 @@ async def start_engines(
 
 def create_app(
     settings: Settings,
-    engine_factory: EngineFactory = vllm_engine,
+    engine_factory: EngineFactory = build_engine,
     drain: Drain | None = None,
     host_memory: HostMemory | None = None,
 ) -> FastAPI:

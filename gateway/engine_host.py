@@ -53,7 +53,7 @@ from engine_adapter.base import Engine, EngineError, EngineRequestInvalid
 from engine_adapter.hf_tokenizer import fingerprint
 from engine_adapter.wire import Claim, EngineInfo, GenerateFrame, StatsFrame, chunk_line, error_line
 from gateway import errors, heap
-from gateway.app import EngineFactory, start_engines, vllm_engine
+from gateway.app import EngineFactory, build_engine, start_engines
 from gateway.auth import bearer
 from gateway.drain import Drain
 from gateway.errors import (
@@ -269,7 +269,7 @@ def host_refuses(scope: Scope) -> bool:
 def create_host_app(
     settings: Settings,
     token: str,
-    engine_factory: EngineFactory = vllm_engine,
+    engine_factory: EngineFactory = build_engine,
     drain: Drain | None = None,
     host_memory: HostMemory | None = None,
 ) -> FastAPI:
