@@ -274,6 +274,52 @@ class Engine(Protocol):
         ...
 
 
+class DelegatingEngine:
+    """An engine that hands every member to `inner`: a wrapper overrides only what it changes
+    (engine_adapter/paced.py, gateway/supervisor.py)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def shutdown(self) -> None:
+        await self.inner.shutdown()
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        return self.inner.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        return self.inner.kv_spec
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.inner.is_healthy
+
+    def clock(self) -> float:
+        return self.inner.clock()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.inner.tokenizer
+
+    def check(self, request: EngineRequest) -> None:
+        self.inner.check(request)
+
+
 @dataclass
 class StatsCounter:
     """Mutable accumulator an engine updates from its scheduler callbacks."""

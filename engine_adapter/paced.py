@@ -12,24 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
-from engine_adapter.base import Engine, EngineChunk, EngineRequest, EngineStats, KVSpec
+from engine_adapter.base import DelegatingEngine, Engine, EngineChunk, EngineRequest
 
 
-class PacedEngine:
+class PacedEngine(DelegatingEngine):
     """Delegates everything to `inner`, delivering its chunks at most one token per `token_s`."""
 
     def __init__(self, inner: Engine, token_s: float) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.token_s = token_s
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def shutdown(self) -> None:
-        await self.inner.shutdown()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         stream = self.inner.generate(request)
@@ -41,34 +33,6 @@ class PacedEngine:
                 yield chunk
         finally:
             await stream.aclose()  # type: ignore[attr-defined]  # aborts the request if unfinished
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    @property
-    def kv_spec(self) -> KVSpec:
-        return self.inner.kv_spec
-
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    @property
-    def is_healthy(self) -> bool:
-        return self.inner.is_healthy
-
-    def clock(self) -> float:
-        return self.inner.clock()
-
-    def check(self, request: EngineRequest) -> None:
-        self.inner.check(request)
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
 
 
 def paced(engine: Engine, token_s: float) -> Engine:

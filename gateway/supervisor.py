@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine_adapter.base import Engine, EngineChunk, EngineRequest, EngineStats, EngineUnavailable, KVSpec
+from engine_adapter.base import DelegatingEngine, Engine, EngineChunk, EngineRequest, EngineUnavailable, KVSpec
 from engine_adapter.paced import paced
 from gateway.admission import AdmissionControl
 from gateway.registry import ServedModel
@@ -54,14 +54,13 @@ async def _unavailable(name: str) -> AsyncIterator[EngineChunk]:
     yield  # pragma: no cover  (makes this an async generator)
 
 
-class SupervisedEngine:
+class SupervisedEngine(DelegatingEngine):
     """The registry's engine for a model: delegates to the running engine, says unhealthy
     while the supervisor has it down, and keeps the KV spec and tokenizer of the first start
     (admission and the gateway's token counting were built on them; a restart must match)."""
 
     def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.down = False
         self._spec = inner.kv_spec
         self._tokenizer = inner.tokenizer  # a dead vLLM engine no longer hands its own out
@@ -69,12 +68,6 @@ class SupervisedEngine:
     def swap(self, inner: Engine) -> None:
         self.inner = inner
         self.down = False
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def shutdown(self) -> None:
-        await self.inner.shutdown()
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if self.down:
@@ -84,12 +77,6 @@ class SupervisedEngine:
     def check(self, request: EngineRequest) -> None:
         if not self.down:  # a down engine answers the request itself (503)
             self.inner.check(request)
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
 
     @property
     def kv_spec(self) -> KVSpec:
@@ -102,9 +89,6 @@ class SupervisedEngine:
     @property
     def is_healthy(self) -> bool:
         return not self.down and self.inner.is_healthy
-
-    def clock(self) -> float:
-        return self.inner.clock()
 
     @property
     def tokenizer(self) -> Any:
