@@ -106,7 +106,7 @@ def simulated_engine(settings: Settings, model: ModelSettings) -> Engine:
             long_prefill_token_threshold=model.long_prefill_token_threshold,
             kv_cache_bytes=model.kv_cache_bytes,
             seed=model.seed,
-            ple_table_on_disk=model.ple_table is not None and model.ple_table.placement == "disk",
+            ple_table_on_disk=model.ple_on_disk,
         )
     )
 

@@ -561,12 +561,7 @@ def _vllm_problems(s: Settings, *, read_local: bool) -> list[Problem]:
         known = ", ".join(vllm_versions.show(v.version) for v in vllm_versions.SUPPORTED)
         msg = f"vLLM {vllm_versions.show(target)} is not a supported version ({known}: docs/operator-guide.md)"
         problems.append(Problem("vllm_version", msg))
-    return problems + [
-        Problem("vllm_version", f"model {m.name!r}: {why}")
-        for m in s.models
-        for feature in m.vllm_features()
-        if (why := vllm_versions.lacks(target, feature)) is not None
-    ]
+    return problems + [Problem("vllm_version", why) for m in s.models for why in m.vllm_lacks(target)]
 
 
 def _vllm_lines(s: Settings, *, read_local: bool) -> list[str]:

@@ -73,13 +73,12 @@ def _vllm_lacks(settings: Settings) -> list[str]:
     of it only after loading the weights, some not at all)."""
     from gateway import vllm_versions
 
-    features = [(m.name, f) for m in settings.local_models() for f in m.vllm_features()]
-    if not features:
+    if not any(m.vllm_features() for m in settings.local_models()):
         return []
     here = vllm_versions.installed()
     if here is None:
         return ["vLLM is not installed here (`make setup`, or the CUDA build on a GPU box)"]
-    return [f"model {name!r}: {why}" for name, f in features if (why := vllm_versions.lacks(here.version, f))]
+    return [why for m in settings.local_models() for why in m.vllm_lacks(here.version)]
 
 
 def _run(

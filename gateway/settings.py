@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.text.formats import ReasoningParser, ToolParser
-from gateway.vllm_versions import FeatureName, parse
+from gateway.vllm_versions import FeatureName, Version, lacks, parse
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
 from policies.known_issues import ISSUE_IDS, unknown_issues
 from policies.kv import cdiv, request_state_blocks
@@ -509,11 +509,25 @@ class ModelSettings(_Model):
             args["engram_config"] = {**(given if isinstance(given, dict) else {}), **self.ple_table.engram_config()}
         return args
 
+    @property
+    def ple_on_disk(self) -> bool:
+        """Whether its n-gram table is read from the checkpoint files each step."""
+        return self.ple_table is not None and self.ple_table.placement == "disk"
+
+    def with_ple_placement(self, placement: Literal["host", "device", "disk"]) -> ModelSettings:
+        """This model with its n-gram table placed elsewhere (`sparkgate plan` compares them)."""
+        assert self.ple_table is not None
+        return self.model_copy(update={"ple_table": self.ple_table.model_copy(update={"placement": placement})})
+
     def vllm_features(self) -> list[FeatureName]:
         """What of vLLM this model's in-process engine needs beyond the oldest supported."""
         if self.engine != "vllm" or self.ple_table is None:
             return []
-        return ["ple_table", "ple_disk"] if self.ple_table.placement == "disk" else ["ple_table"]
+        return ["ple_table", "ple_disk"] if self.ple_on_disk else ["ple_table"]
+
+    def vllm_lacks(self, version: Version) -> list[str]:
+        """Why vLLM `version` cannot serve this model in-process, one line a missing feature."""
+        return [f"model {self.name!r}: {why}" for f in self.vllm_features() if (why := lacks(version, f)) is not None]
 
 
 RouteStrategy = Literal["best", "fast"]

@@ -104,7 +104,7 @@ class Deployed:
             m.latency,
             max_num_batched_tokens=m.max_num_batched_tokens or STEP_TOKENS,
             long_prefill_token_threshold=m.long_prefill_token_threshold,
-            ple_table_on_disk=m.ple_table is not None and m.ple_table.placement == "disk",
+            ple_table_on_disk=m.ple_on_disk,
         )
 
 

@@ -60,7 +60,7 @@ def placements(
     serving = serving or Serving()
     usable = box.memory_bytes * UTILIZATION / GiB
     if box.nvme_read_iops <= 0:  # a box without a drive spec cannot read an n-gram table from disk
-        models = [m for m in models if m.ple_table is None or m.ple_table.placement != "disk"]
+        models = [m for m in models if not m.ple_on_disk]
     seen: set[tuple[tuple[str, ...], ...]] = set()
     out: list[Placement] = []
     for assign in itertools.product(range(-1, boxes), repeat=len(models)):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from engine_adapter.spark import DGX_SPARK, MODELS, BoxSpec, GiB, Serving
 from gateway.plan.fleet import Deployed, Link, Placement, TensorParallel
 from gateway.plan.planner import PlanRow
-from gateway.settings import ModelSettings, PleTableSettings, model_memory
+from gateway.settings import ModelSettings, model_memory
 from gateway.vllm_versions import FEATURES, show
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, fmt_bytes, plan_memory
 
@@ -64,20 +64,6 @@ class Option:
     @property
     def served(self) -> int:
         return len(self.placement.models)
-
-
-def on_disk(m: ModelSettings) -> ModelSettings:
-    """The model with its n-gram table on disk (vLLM >= 0.34's disk_offload)."""
-    assert m.ple_table is not None
-    table = PleTableSettings(**(m.ple_table.model_dump() | {"placement": "disk"}))
-    return m.model_copy(update={"ple_table": table})
-
-
-def on_host(m: ModelSettings) -> ModelSettings:
-    """The model with its n-gram table in pinned host memory (vLLM's default)."""
-    assert m.ple_table is not None
-    table = PleTableSettings(**(m.ple_table.model_dump() | {"placement": "host"}))
-    return m.model_copy(update={"ple_table": table})
 
 
 def _memory(m: ModelSettings, *, shards: int = 1) -> ModelMemory:
@@ -118,7 +104,7 @@ def options(
         raise ValueError("--two-sparks needs three models, one of them with a ple_table (Flash-Next)")
     one, two = (m for m in models if m is not flash)
     s1, s2 = BOXES
-    disk = on_disk(flash)
+    disk = flash.with_ple_placement("disk")
     needs_disk = (f"vLLM >= {show(DISK.since)}: {DISK.what}",)
 
     def placed(name: str, parts: Sequence[Deployed]) -> Placement:
@@ -144,7 +130,7 @@ def options(
         needs_disk,
     )
     # (b) tensor parallelism over both boxes, the table sharded in memory.
-    in_memory = flash if flash.ple_table.placement != "disk" else on_host(flash)  # type: ignore[union-attr]
+    in_memory = flash.with_ple_placement("host") if flash.ple_on_disk else flash
     half = _memory(in_memory, shards=2)
     mem_b = {s1: plan(_memory(one), half), s2: plan(_memory(two), half)}
     layers = MODELS[flash.simulated.model].layers if flash.simulated is not None else 48

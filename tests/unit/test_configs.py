@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from gateway.plan import planner
-from gateway.plan.two_sparks import on_host
 from gateway.settings import load_settings
 from policies.memory_plan import MemoryPlan
 
@@ -80,7 +79,7 @@ def test_the_three_models_never_share_one_box() -> None:
     two = {p.name for p in planner.placements(s.models, 2)}
     assert "qwen3.8-27b + qwen3.6-35b-a3b | qwen3.8-flash-next" in two
     assert not any("+ qwen3.8-flash-next" in n or "qwen3.8-flash-next +" in n for n in two)
-    in_memory = [m if m.ple_table is None else on_host(m) for m in s.models]
+    in_memory = [m if m.ple_table is None else m.with_ple_placement("host") for m in s.models]
     assert not any("flash-next" in p.name for p in planner.placements(in_memory, 2))
 
 
