@@ -441,7 +441,10 @@ class Normalizer:
         self.served = SimpleNamespace(tokenizer=load_tokenizer(settings.tokenizer or settings.path), settings=settings)
 
     def ids(self, record: dict[str, Any], body: dict[str, Any]) -> tuple[int, ...]:
-        from gateway.http import messages_input, messages_schemas, responses_input, responses_schemas
+        from gateway.http.anthropic import schemas as messages_schemas
+        from gateway.http.anthropic import translate as messages_input
+        from gateway.http.responses import schemas as responses_schemas
+        from gateway.http.responses import translate as responses_input
         from gateway.lifecycle import prepare
 
         raw = json.dumps(body).encode()

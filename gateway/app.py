@@ -29,13 +29,13 @@ from gateway.http import (
     body_limits,
     dashboard,
     draining,
-    messages_api,
-    openai,
     ops,
     response_docs,
-    responses_api,
 )
 from gateway.http import metrics as metrics_http
+from gateway.http.anthropic import routes as messages_api
+from gateway.http.openai import routes as openai
+from gateway.http.responses import routes as responses_api
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel, config_vocab_size

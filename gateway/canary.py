@@ -34,11 +34,11 @@ from typing import Any
 from gateway.auth import Principal
 from gateway.canary_state import Answer, Result
 from gateway.errors import GatewayError
-from gateway.http import output
-from gateway.http.schemas import ChatCompletionRequest
+from gateway.http.openai import output
 from gateway.lifecycle import generate
 from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, prepare_chat
+from gateway.lifecycle.requests import ChatCompletionRequest
 from gateway.registry import ServedModel
 from gateway.state import AppState
 

@@ -50,7 +50,7 @@ def main() -> int:
 
     from gateway.http import json_body
     from gateway.http.body_limits import check_body
-    from gateway.http.schemas import CompletionRequest
+    from gateway.lifecycle.requests import CompletionRequest
     from gateway.text import tokenizer as fast_tokenizer
     from policies import kv, tokens
 

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle, request_log
 from gateway.admission import Ticket
-from gateway.http import output
+from gateway.http.openai import output
 from gateway.lifecycle.run import BodyEncoder, EventEncoder
 from gateway.state import AppState
 from policies import prefix

@@ -6,7 +6,7 @@ takes the job's holds in order, produces the answer, and gives every hold back e
     run.start -> Running                        quota hold, routing's flight, admission
     Running.body() / Running.events()           engine -> answer in the surface's encoding; release once
 
-Nothing here knows HTTP: an API surface passes its encoders (gateway/http/output.py for
+Nothing here knows HTTP: an API surface passes its encoders (gateway/http/openai/output.py for
 OpenAI's chat and completions) and a function that returns when its client disconnects.
 """
 

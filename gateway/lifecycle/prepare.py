@@ -25,8 +25,8 @@ from engine_adapter.base import (
 )
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from gateway.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, ToolCall
 from gateway.lifecycle.job import Job
+from gateway.lifecycle.requests import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, ToolCall
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
 from gateway.settings import PRIORITY_CLASSES, LimitSettings

@@ -2,7 +2,7 @@ import json
 import math
 
 from engine_adapter.base import ChoiceDelta, TokenLogprob
-from gateway.http.bodies import (
+from gateway.http.openai.bodies import (
     LOGPROB_FLOOR,
     ChoiceState,
     CompletionLogprobs,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.http.schemas import ChatCompletionRequest
 from gateway.lifecycle.prepare import _forced_schema
+from gateway.lifecycle.requests import ChatCompletionRequest
 
 
 def tool(name: str, city: dict[str, Any]) -> dict[str, Any]:

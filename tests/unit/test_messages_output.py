@@ -1,4 +1,4 @@
-"""gateway/http/messages_output.py: engine chunks as Anthropic's stream, to its end or its error."""
+"""gateway/http/anthropic/output.py: engine chunks as Anthropic's stream, to its end or its error."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineUnavailable
-from gateway.http.messages_output import MessageEncoder
+from gateway.http.anthropic.output import MessageEncoder
 from gateway.lifecycle.job import Meter
 from gateway.text.assistant import TurnSpec
 
@@ -91,7 +91,7 @@ def test_an_engine_death_mid_stream_is_an_error_event() -> None:
 def test_a_tool_call_cut_by_the_token_limit_stops_at_max_tokens() -> None:
     """Its input is incomplete: Anthropic's API says `max_tokens`, and a client retries with
     more; a whole call is `tool_use`, whatever else ended the turn."""
-    from gateway.http.messages_output import _stop
+    from gateway.http.anthropic.output import _stop
 
     def tally(finish: str, stop: Any = None) -> Any:
         return SimpleNamespace(finish_reason=finish, stop_reason=stop)

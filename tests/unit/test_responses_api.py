@@ -16,9 +16,9 @@ from pydantic import TypeAdapter
 
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineUnavailable
 from gateway.errors import InvalidRequest, _validation_message
-from gateway.http.responses_input import output_messages, to_messages, translate
-from gateway.http.responses_output import OutputItems, ResponseEncoder
-from gateway.http.responses_schemas import ResponsesRequest, parse
+from gateway.http.responses.output import OutputItems, ResponseEncoder
+from gateway.http.responses.schemas import ResponsesRequest, parse
+from gateway.http.responses.translate import output_messages, to_messages, translate
 from gateway.lifecycle.job import Meter
 from gateway.responses_store import MemoryResponseStore, StoredResponse
 from gateway.text.assistant import (

@@ -19,9 +19,9 @@ from pydantic import TypeAdapter
 
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineRequest, SamplingOptions, StructuredOutput
 from gateway.errors import InvalidRequest, _validation_message
-from gateway.http.responses_input import force_custom, output_messages, translate
-from gateway.http.responses_output import OutputItems, ResponseEncoder, custom_input, input_so_far
-from gateway.http.responses_schemas import ResponsesRequest, parse
+from gateway.http.responses.output import OutputItems, ResponseEncoder, custom_input, input_so_far
+from gateway.http.responses.schemas import ResponsesRequest, parse
+from gateway.http.responses.translate import force_custom, output_messages, translate
 from gateway.lifecycle.job import Meter
 from gateway.text.assistant import (
     ContentDelta,

@@ -3,7 +3,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gateway.http.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.lifecycle.requests import ChatCompletionRequest, CompletionRequest
 
 
 def chat(**kw: object) -> ChatCompletionRequest:
@@ -170,7 +170,7 @@ def test_type_error_messages_read_like_openai_s() -> None:
 
 
 def test_vllm_fields_not_honoured_are_named_unless_at_their_default() -> None:
-    from gateway.http.schemas import refused_fields
+    from gateway.lifecycle.requests import refused_fields
 
     body = {"model": "m", "use_beam_search": True, "priority": 0, "cache_salt": "s", "add_special_tokens": False}
     assert refused_fields(body, "chat") == ["use_beam_search", "cache_salt"]

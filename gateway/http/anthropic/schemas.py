@@ -4,7 +4,7 @@ clients send it: the `anthropic` SDKs and Claude Code.
 Unknown fields are accepted and ignored (Claude Code sends `context_management`,
 `output_config`, beta headers); what the gateway uses is validated strictly. Content
 blocks are one model with a `type` and the fields of every kind, checked per kind when the
-request is translated (gateway/http/messages_input.py), so an error names the block
+request is translated (gateway/http/anthropic/translate.py), so an error names the block
 (`messages[2].content[0].tool_use_id`) without the names of union members pydantic tried.
 """
 
@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.http import json_body
-from gateway.http.schemas import INT32_MAX, INT64_MAX, FreeJson
+from gateway.lifecycle.requests import INT32_MAX, INT64_MAX, FreeJson
 
 
 class _Request(BaseModel):

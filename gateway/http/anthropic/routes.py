@@ -15,9 +15,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from gateway import lifecycle, request_log
-from gateway.http import messages_input, messages_schemas
+from gateway.http.anthropic import schemas as messages_schemas
+from gateway.http.anthropic import translate as messages_input
+from gateway.http.anthropic.output import MessageEncoder
 from gateway.http.deps import get_principal, get_state
-from gateway.http.messages_output import MessageEncoder
 from gateway.http.serving import Surface, answer, routing_of
 
 router = APIRouter()

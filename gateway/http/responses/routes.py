@@ -20,9 +20,11 @@ from fastapi import APIRouter, Request, Response
 from gateway import lifecycle, request_log
 from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
-from gateway.http import response_docs, responses_input, responses_schemas
+from gateway.http import response_docs
 from gateway.http.deps import Caller, State
-from gateway.http.responses_output import ResponseEncoder
+from gateway.http.responses import schemas as responses_schemas
+from gateway.http.responses import translate as responses_input
+from gateway.http.responses.output import ResponseEncoder
 from gateway.http.serving import Surface, answer, routing_of
 from gateway.http.sse import new_id
 from gateway.responses_store import StoredResponse

@@ -11,8 +11,8 @@ from gateway.auth import Principal
 from gateway.errors import InvalidRequest
 from gateway.http import json_body, response_docs
 from gateway.http.deps import Caller, State, get_principal, get_state
-from gateway.http.schemas import ChatCompletionRequest, CompletionRequest, refused_fields
 from gateway.http.serving import answer, routing_of
+from gateway.lifecycle.requests import ChatCompletionRequest, CompletionRequest, refused_fields
 from gateway.state import AppState
 
 router = APIRouter(prefix="/v1")

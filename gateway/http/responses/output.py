@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
-from gateway.http.responses_input import CUSTOM_INPUT, ToolRef, output_messages
-from gateway.http.responses_schemas import encode_reasoning
+from gateway.http.responses.schemas import encode_reasoning
+from gateway.http.responses.translate import CUSTOM_INPUT, ToolRef, output_messages
 from gateway.http.sse import new_id, sse
 from gateway.http.tally import Tally
 from gateway.lifecycle.job import Job

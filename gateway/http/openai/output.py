@@ -14,8 +14,8 @@ from typing import Any
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import from_exception
-from gateway.http import bodies
-from gateway.http.bodies import ChoiceState, CompletionLogprobs, Usage, tool_call
+from gateway.http.openai import bodies
+from gateway.http.openai.bodies import ChoiceState, CompletionLogprobs, Usage, tool_call
 from gateway.http.sse import sse
 from gateway.lifecycle.job import Job
 from gateway.text import assistant

@@ -32,9 +32,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.errors import InvalidRequest
-from gateway.http.messages_schemas import Block, CountTokensRequest, MessagesRequest, Thinking
-from gateway.http.responses_schemas import validation_failed
-from gateway.http.schemas import ChatCompletionRequest
+from gateway.http.anthropic.schemas import Block, CountTokensRequest, MessagesRequest, Thinking
+from gateway.http.responses.schemas import validation_failed
+from gateway.lifecycle.requests import ChatCompletionRequest
 
 ERROR_PREFIX = "Error: "  # a tool_result with is_error, as the model reads it
 

@@ -31,7 +31,7 @@ from pydantic import (
 
 from gateway.errors import InvalidRequest
 from gateway.http import json_body
-from gateway.http.schemas import INT64_MAX, FreeJson, FunctionName
+from gateway.lifecycle.requests import INT64_MAX, FreeJson, FunctionName
 from gateway.settings import LimitSettings
 
 

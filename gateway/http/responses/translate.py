@@ -39,7 +39,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from engine_adapter.base import StructuredOutput
 from gateway.errors import InvalidRequest
-from gateway.http.responses_schemas import (
+from gateway.http.responses.schemas import (
     ContentPart,
     CustomTool,
     CustomToolCallItem,
@@ -55,8 +55,8 @@ from gateway.http.responses_schemas import (
     ToolChoiceFunction,
     validation_failed,
 )
-from gateway.http.schemas import ChatCompletionRequest
 from gateway.lifecycle.job import Job
+from gateway.lifecycle.requests import ChatCompletionRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[InputItem])
