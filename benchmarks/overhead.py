@@ -445,7 +445,7 @@ RULES: list[tuple[str, str, str | None]] = [
     ("admission (KV footprint)", "policies/kv.py", None),
     ("routing", "gateway/router.py", None),
     ("engine (simulated)", "engine_adapter/", None),
-    ("JSON / SSE encoding", "gateway/http/output.py", None),
+    ("JSON / SSE encoding", "gateway/http/openai/output.py", None),
     ("JSON / SSE encoding", "json/", None),
     ("JSON / SSE encoding", "fastapi/encoders.py", None),
     ("prepare (other)", "gateway/lifecycle/prepare.py", None),
