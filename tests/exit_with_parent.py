@@ -1,6 +1,8 @@
 """`python -m tests.exit_with_parent PARENT_PID MODULE [ARG...]`: run MODULE as `python -m MODULE
 ARG...` would, in this process, and SIGKILL this process's group as soon as PARENT_PID is no longer
-its parent. The test fleet starts every `sparkgate serve` through it.
+its parent. Every server the tests start runs through it: each `sparkgate serve` and
+`sparkgate engine-host` (tests/conftest.py's fleet and `launch`) and vLLM's own OpenAI server
+(tests/api/test_vllm_server_engine.py).
 
 Why: a test run that is killed (a timeout, Ctrl-C, SIGKILL) runs no teardown, and the fleet's
 servers, each in its own process group, served on for minutes after it. vLLM's engine core does

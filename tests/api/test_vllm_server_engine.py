@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import openai
 import pytest
 import yaml
 
+from tests import exit_with_parent
 from tests.conftest import MODELS, ROOT, STARTUP_TIMEOUT_S, Server, free_port, launch
 
 pytestmark = pytest.mark.engine  # starts a vLLM engine
@@ -52,9 +52,9 @@ class VllmServer:
     def _start(self) -> subprocess.Popen[bytes]:
         self.starts += 1
         log_path = self.tmp / f"vllm-{self.starts}.log"
-        argv = [
-            sys.executable,
-            "-m",
+        # It ends with this process, killed or not (tests/exit_with_parent.py): it and, as its
+        # group's leader, its engine core.
+        argv = exit_with_parent.command(
             "vllm.entrypoints.openai.api_server",
             "--model",
             str(MODELS / "tiny-qwen3"),
@@ -80,7 +80,7 @@ class VllmServer:
             "--port",
             str(self.port),
             "--disable-uvicorn-access-log",
-        ]
+        )
         env = {
             **os.environ,
             "VLLM_CPU_OMP_THREADS_BIND": "0",
@@ -289,7 +289,8 @@ def other_tokenizer(tmp: Path) -> Path:
 def test_a_different_tokenizer_is_refused_before_serving(vllm: VllmServer, tmp_path: Path) -> None:
     config = gateway_config(tmp_path, free_port(), vllm.base_url, other_tokenizer(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)],
+        # Meant to exit at once; should it serve instead, it still ends with this process.
+        exit_with_parent.command("gateway.cli", "serve", "--config", str(config)),
         cwd=ROOT,
         capture_output=True,
         text=True,
