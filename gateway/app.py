@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import canary, errors, heap, request_log, responses_store
+from gateway import canary, heap, request_log, responses_store
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.canary_state import Result as CanaryResult
@@ -32,10 +32,12 @@ from gateway.http import (
     ops,
     response_docs,
 )
+from gateway.http import errors as http_errors
 from gateway.http import metrics as metrics_http
-from gateway.http.anthropic import routes as messages_api
-from gateway.http.openai import routes as openai
-from gateway.http.responses import routes as responses_api
+from gateway.http.anthropic.routes import SURFACE as ANTHROPIC
+from gateway.http.openai.routes import SURFACE as OPENAI
+from gateway.http.responses.routes import SURFACE as RESPONSES
+from gateway.http.surface import Surface
 from gateway.metrics import Metrics
 from gateway.quota import QuotaGate
 from gateway.registry import ModelRegistry, ServedModel, config_vocab_size
@@ -48,6 +50,10 @@ from gateway.text.templates import output_formats
 from policies.demand import PoolLimits, QueueLimits
 
 log = logging.getLogger(__name__)
+
+# The API surfaces (gateway/http/<surface>/, docs/contributing.md): adding one is a folder
+# and a line here.
+SURFACES: tuple[Surface, ...] = (OPENAI, RESPONSES, ANTHROPIC)
 
 EngineFactory = Callable[[Settings, ModelSettings], Engine]
 
@@ -241,9 +247,11 @@ def create_app(
     engine_factory: EngineFactory = build_engine,
     drain: Drain | None = None,
     host_memory: HostMemory | None = None,
+    surfaces: tuple[Surface, ...] = SURFACES,
 ) -> FastAPI:
     """The gateway's app; `drain` is the one its server's signals drive (gateway/drain.py);
-    `host_memory` is what the memory guard reads (default: /proc/meminfo; a test passes its own)."""
+    `host_memory` is what the memory guard reads (default: /proc/meminfo; a test passes its own);
+    `surfaces`, the APIs it speaks (a test may plug in another)."""
     drain = Drain(settings.server.drain_grace_s) if drain is None else drain
 
     @asynccontextmanager
@@ -290,7 +298,7 @@ def create_app(
             if memory is not None:
                 memory.start()
             if state.metrics is not None:
-                state.metrics.bind(state)
+                metrics_http.bind(state.metrics, state)
             state.supervisor = supervisor = Supervisor(
                 served,
                 state.admission,
@@ -323,7 +331,7 @@ def create_app(
             await stored.close()
 
     app = FastAPI(title="sparkgate", version="0.1.0", lifespan=lifespan)
-    errors.install(app)
+    http_errors.install(app, surfaces)  # each surface's paths answer in its error shape
     response_docs.install(app)  # the document describes real responses (schemathesis checks them)
     limits = settings.limits
     app.add_middleware(
@@ -342,9 +350,9 @@ def create_app(
             allow_credentials=False,  # keys travel in Authorization, never in cookies
         )
     app.add_middleware(request_log.RequestLogMiddleware)  # outermost: it times the whole request
-    app.include_router(openai.router)
-    app.include_router(responses_api.router)
-    app.include_router(messages_api.router)
+    for surface in surfaces:
+        assert surface.router is not None
+        app.include_router(surface.router)
     app.include_router(ops.router)
     app.include_router(admin.router)
     app.include_router(admin.admin_router)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gateway.errors import AuthenticationFailed, PermissionDenied
-from gateway.quota import KeyRecord
+from gateway.quota.store import KeyRecord
 from gateway.settings import AuthSettings, KeyLimits, PooledLimits, PriorityClass, QuotaSettings
 
 NO_POOL = PooledLimits()

@@ -35,8 +35,8 @@ from gateway.auth import Principal
 from gateway.canary_state import Answer, Result
 from gateway.errors import GatewayError
 from gateway.http.openai import output
+from gateway.job import Job
 from gateway.lifecycle import generate
-from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, prepare_chat
 from gateway.lifecycle.requests import ChatCompletionRequest
 from gateway.registry import ServedModel

@@ -52,7 +52,7 @@ from starlette.types import Scope
 from engine_adapter.base import Engine, EngineError, EngineRequestInvalid
 from engine_adapter.hf_tokenizer import fingerprint
 from engine_adapter.wire import Claim, EngineInfo, GenerateFrame, StatsFrame, chunk_line, error_line
-from gateway import errors, heap
+from gateway import heap
 from gateway.app import EngineFactory, build_engine, start_engines
 from gateway.auth import bearer
 from gateway.drain import Drain
@@ -65,6 +65,7 @@ from gateway.errors import (
 )
 from gateway.failed_auth import FailedAuthTable
 from gateway.host_memory import HostMemory, MemoryWatch, from_settings
+from gateway.http import errors as http_errors
 from gateway.http.deps import client_address
 from gateway.http.draining import DrainingMiddleware
 from gateway.http.json_body import JSONRoute
@@ -308,7 +309,7 @@ def create_host_app(
                 await h.engine.shutdown()
 
     app = FastAPI(title="sparkgate engine host", version="0.1.0", lifespan=lifespan)
-    errors.install(app)
+    http_errors.install(app)
     app.add_middleware(DrainingMiddleware, drain=drain, refuses=host_refuses)
     app.include_router(router)
     return app

@@ -1,5 +1,7 @@
-"""One error hierarchy, mapped to each API's error JSON in one place (OpenAI's, and
-Anthropic's for the Messages API: `shape_of` picks by the request's path).
+"""The error vocabulary: one hierarchy, and the translations into it of admission, quota and
+engine refusals. Pure: no HTTP and no logging here. Each API surface writes these in its own
+error shape (gateway/http/surface.py: OpenAI's by default, Anthropic's for Messages), and
+gateway/http/errors.py answers them.
 
     GatewayError                      status  type                    code
      +-- InvalidRequest                 400   invalid_request_error   (given, e.g. invalid_value, invalid_type)
@@ -28,38 +30,26 @@ Anthropic's for the Messages API: `shape_of` picks by the request's path).
      +-- ShuttingDown                   503   server_error            server_shutting_down
      +-- InternalError                  500   server_error            internal_error
 
-Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, names the kind by the
-status (`ANTHROPIC_TYPES`): 400 invalid_request_error, 401 authentication_error,
-403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
-500 api_error; an `Overloaded` box (no room, queue timeout, host memory low) is 529 overloaded_error, as
-Anthropic answers when its capacity is full.
+Anthropic's shape names the kind by the status, and an `Overloaded` box is its 529
+(gateway/http/anthropic/errors.py).
 
 Engine errors (`engine_adapter.base.EngineError`) and admission rejections
 (`policies.admission.Reject`, a value) are translated here too (and quota
 refusals, `policies.quotas.Deny`), so routes
-never catch them. Tracebacks go to the log, never to the client.
+never catch them. An unexpected exception becomes `InternalError`, with no detail for the
+client; whoever answers it logs its traceback.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import re
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from collections.abc import Mapping
+from typing import ClassVar
 
 from engine_adapter.base import EngineError, EngineOverloaded, EngineRequestInvalid, EngineUnavailable
-from gateway import request_log
-from gateway.redaction import redact
 from policies.demand import Reject, RejectReason
 from policies.quotas import Deny, DenyReason
-
-log = logging.getLogger(__name__)
 
 
 def _retry_after(seconds: float) -> str:
@@ -68,28 +58,6 @@ def _retry_after(seconds: float) -> str:
 
 
 retry_after_header = _retry_after  # for the modules that build an error's headers themselves
-
-
-Api = Literal["openai", "anthropic"]
-
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
-ANTHROPIC_PATHS = ("/v1/messages",)
-
-
-def shape_of(path: str) -> Api:
-    """Which API's error shape a request to this path gets."""
-    return "anthropic" if path.startswith(ANTHROPIC_PATHS) else "openai"
 
 
 class GatewayError(Exception):
@@ -114,18 +82,20 @@ class GatewayError(Exception):
         self.headers = headers or {}
         self.reason: str | None = None  # the admission reason's metric label, when it is one
 
-    def body(self) -> dict[str, Any]:
-        # Messages may quote the client's input (a model name, a value): never a key back.
-        param = None if self.param is None else redact(self.param)
-        return {"error": {"message": redact(self.message), "type": self.error_type, "param": param, "code": self.code}}
-
-    @property
-    def anthropic_status(self) -> int:
-        return 529 if isinstance(self, Overloaded) else self.status
-
-    def anthropic_body(self) -> dict[str, Any]:
-        kind = ANTHROPIC_TYPES.get(self.anthropic_status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": redact(self.message)}}
+    def renamed(self, names: Mapping[str, str]) -> GatewayError:
+        """This error as a surface whose fields are named otherwise reports it: `names` maps
+        chat's parameter (`max_tokens`, `messages`) to the surface's (`max_output_tokens`,
+        `input`). A path below a renamed parameter is cut to it (the surface's translation may
+        have moved its items), and the message quotes the surface's name."""
+        if self.param is None:
+            return self
+        head = re.split(r"[.\[]", self.param, maxsplit=1)[0]
+        name = names.get(head)
+        if name is None or name == self.param:
+            return self
+        self.message = self.message.replace(f"'{self.param}'", f"'{name}'").replace(f"'{head}'", f"'{name}'")
+        self.param = name
+        return self
 
 
 class InvalidRequest(GatewayError):
@@ -397,130 +367,4 @@ def from_exception(exc: BaseException) -> GatewayError:
         return EngineUnavailableError(str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, EngineError):
         return EngineUnavailableError(str(exc))
-    log.error("unhandled error", exc_info=exc)
     return InternalError("The server had an error while processing your request.")
-
-
-def to_response(err: GatewayError, api: Api = "openai") -> JSONResponse:
-    if api == "anthropic":
-        return JSONResponse(err.anthropic_body(), status_code=err.anthropic_status, headers=err.headers)
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-# Labels pydantic puts in an error's location for the union member it tried (`str`,
-# `list[str]`, `ChatMessage`, `function-after[...]`): not the client's field names.
-_UNION_LABEL = re.compile(r"^(?:str|int|float|bool|none|[a-z-]*\[.*\]|[A-Z][A-Za-z0-9]*)$")
-_EXPECTED = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "float_type": "a number",
-    "bool_type": "a boolean",
-    "list_type": "an array",
-    "tuple_type": "an array",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "model_attributes_type": "an object",
-    "none_required": "null",
-}
-
-
-def param_path(loc: Sequence[int | str]) -> str | None:
-    """An error location as OpenAI names a parameter: `messages[3].content`, `seed`."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "body" and not out:
-            continue
-        elif not _UNION_LABEL.match(part):
-            out += f".{part}" if out else part
-    return out or None
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    return "an object"
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
-    """(message, param, code) of a validation failure: the deepest error (where a union was
-    tried, the member that got furthest), type errors as `invalid_type` (as OpenAI names them)."""
-    errors = [dict(e) for e in exc.errors()]
-    if not errors:
-        return "Invalid request.", None, "invalid_value"
-    # Deepest first; at one depth a wrong value before a wrong type (the union member whose
-    # type matched is the one the client meant: `prompt: [1, -2]` is a bad token id).
-    errors.sort(key=lambda e: (-len(e.get("loc", ())), e.get("type") in _EXPECTED))
-    first = errors[0]
-    param = param_path(first.get("loc", ()))
-    kind = str(first.get("type", ""))
-    if kind == "json_invalid":
-        return "We could not parse the JSON body of your request.", None, "invalid_json"
-    if kind == "missing":
-        return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
-    if kind in _EXPECTED:
-        # Every member a union tried at this place: "expected a string or an array".
-        same = [e for e in errors if param_path(e.get("loc", ())) == param and e.get("type") in _EXPECTED]
-        expected = " or ".join(dict.fromkeys(_EXPECTED[str(e["type"])] for e in same))
-        got = _json_kind(first.get("input"))
-        where = f"'{param}'" if param else "the request body"
-        return f"Invalid type for {where}: expected {expected}, but got {got} instead.", param, "invalid_type"
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind == "finite_number":
-        msg = "must be a finite number (not NaN or Infinity)"
-    if param is None:
-        return f"Invalid request body: {msg}.", None, "invalid_value"
-    return f"Invalid value for '{param}': {msg}.", param, "invalid_value"
-
-
-def answer(request: Request, err: GatewayError) -> JSONResponse:
-    """The one way a failure is answered: noted in the request's log line and the dashboard,
-    then the asking API's error JSON (the handlers below, and middleware that answers before
-    routing)."""
-    request_log.note_error(request, err)  # the request's log line says why
-    # The dashboard's ring of recent rejections (gateway/dashboard.py), once the app runs.
-    recent = getattr(getattr(request.app.state, "sparkgate", None), "recent", None)
-    if recent is not None:
-        recent.add_rejection(err, request.url.path, getattr(request.state, "user", None))
-    return to_response(err, shape_of(request.url.path))
-
-
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every failure into the asking API's error JSON."""
-
-    async def on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
-        return answer(request, from_exception(exc))
-
-    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        message, param, code = _validation_message(exc)
-        return answer(request, InvalidRequest(message, param=param, code=code))
-
-    async def on_http(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 404:
-            return answer(request, RouteNotFound("Unknown request URL. Please check the URL and method."))
-        if exc.status_code == 405:  # with the route's `Allow` (RFC 9110 requires it)
-            return answer(
-                request, MethodNotAllowed("Method not allowed for this URL.", headers=dict(exc.headers or {}))
-            )
-        err = InvalidRequest(str(exc.detail), code=None)
-        err.status = exc.status_code  # type: ignore[misc]
-        return answer(request, err)
-
-    app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(EngineError, on_gateway_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_gateway_error)

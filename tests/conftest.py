@@ -130,44 +130,51 @@ def server_section(port: int, **extra: Any) -> dict[str, Any]:
 
 
 def server_config(tmp: Path, port: int) -> Path:
+    """config/default.yaml (the embedded CPU default: its quotas, admission and limits) on
+    `port`, with the tests' keys, fewer choices a request (max_n), and its vLLM model as the
+    two tiny engines side by side, one core each: DENSE (a long context, so that an un-aborted
+    request runs for minutes) and MOE (random weights, a short context)."""
     from gateway.settings import hash_key
+    from tests.configs import shipped_config, write_config
 
-    cfg = {
-        "server": server_section(port, engine_start="parallel"),  # each engine on its own core
-        "auth": {
-            "required": True,
+    cfg = shipped_config(
+        "default",
+        server={"port": port, "engine_start": "parallel"},  # each engine on its own core
+        auth={
             "keys": [
                 {"name": "tester", "sha256": hash_key(API_KEY)},
                 # A key with its own limits: a short context and the batch class.
                 {"name": "other", "sha256": hash_key(OTHER_KEY), "max_context": OTHER_MAX_CONTEXT, "priority": "batch"},
                 {"name": "raw", "sha256": hash_key(RAW_KEY), "normalize_prompts": False},
-            ],
+            ]
         },
-        "models": [
-            {
-                "name": DENSE,
-                "aliases": ["dense-alias"],
-                "path": str(MODELS / "tiny-qwen3"),
-                "max_model_len": DENSE_MAX_LEN,
-                "max_num_seqs": 8,
-                "kv_cache_bytes": "64MiB",
-                "cpu_cores": "0",
-            },
-            {
-                "name": MOE,
-                "path": str(MODELS / "tiny-qwen3-moe"),
-                "load_format": "dummy",
-                "max_model_len": 2048,
-                "max_num_seqs": 4,
-                "kv_cache_bytes": "32MiB",
-                "cpu_cores": "1" if (os.cpu_count() or 1) > 1 else "0",
-            },
-        ],
-        "limits": {"max_n": 4},
-    }
-    path = tmp / "sparkgate-test.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+        limits={"max_n": 4},
+    )
+    # Overrides change named items, they add none: the two are the shipped vLLM model, changed
+    # (the shipped replay model is left out: the replay tests have their own server).
+    shipped = next(m for m in cfg["models"] if m["name"] == "sparkgate-tiny")
+    cfg["models"] = [
+        {
+            **shipped,
+            "name": DENSE,
+            "aliases": ["dense-alias"],
+            "max_model_len": DENSE_MAX_LEN,
+            "kv_cache_bytes": "64MiB",
+            "cpu_cores": "0",
+        },
+        {
+            **shipped,
+            "name": MOE,
+            "aliases": [],
+            "path": "models/tiny-qwen3-moe",
+            "load_format": "dummy",
+            "max_model_len": 2048,
+            "max_num_seqs": 4,
+            "kv_cache_bytes": "32MiB",
+            "cpu_cores": "1" if (os.cpu_count() or 1) > 1 else "0",
+        },
+    ]
+    return write_config(cfg, tmp, "sparkgate-test.yaml")
 
 
 def open_post(server: Server, path: str, payload: dict, key: str = API_KEY) -> socket.socket:  # type: ignore[type-arg]
@@ -599,16 +606,17 @@ class App:
 
 
 @contextlib.contextmanager
-def in_process(cfg: dict[str, Any]) -> Iterator[App]:
+def in_process(cfg: dict[str, Any], **create: Any) -> Iterator[App]:
     """The gateway on config `cfg` (a dict, e.g. from tests.configs.shipped_config) in this
-    process, its engines started, until the block exits."""
+    process, its engines started, until the block exits; `create`: more of create_app's
+    arguments (e.g. `surfaces`)."""
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
     from gateway.settings import Settings
 
     # As a server would answer: an error in the app is a 500, not an exception in the test.
-    with TestClient(create_app(Settings(**cfg)), raise_server_exceptions=False) as http:
+    with TestClient(create_app(Settings(**cfg), **create), raise_server_exceptions=False) as http:
         yield App(http)
 
 

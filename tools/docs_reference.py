@@ -12,7 +12,7 @@ gateway itself uses:
   in the source, else (for a section) its model's docstring; a test fails on a field with
   none. Each field's row has an anchor, `<root>.<path>` without `[]` and `<name>`
   (`settings.server.port`, `settings.models.latency.tpot_s`); a section field's is its heading.
-- metrics: the Prometheus registry a running app scrapes (`Metrics` with its `LiveCollector`
+- metrics: the Prometheus registry a running app scrapes (`Metrics` with its `LiveCollector`, gateway/http/metrics.py
   bound to an app state with no models): name, type, help and labels.
 - cli: the typer app of gateway/cli.py, as click sees it: commands, help and options.
 - errors: the `GatewayError` hierarchy of gateway/errors.py (status, type, code), the codes
@@ -386,11 +386,12 @@ def _empty_state() -> Any:
 
 def scrape_registry() -> Any:
     """The registry a running app's GET /metrics renders (with no models)."""
+    from gateway.http.metrics import bind
     from gateway.metrics import Metrics
     from gateway.settings import MetricsSettings
 
     metrics = Metrics(MetricsSettings())
-    metrics.bind(_empty_state())
+    bind(metrics, _empty_state())
     return metrics.registry
 
 
@@ -550,8 +551,8 @@ def raised_codes(error_names: set[str], source_dirs: Sequence[Path], root: Path 
 
 
 def _validation_codes(errors_module: types.ModuleType) -> list[str]:
-    """The codes the request-validation handler returns (`_validation_message`'s third item)."""
-    fn = getattr(errors_module, "_validation_message", None)
+    """The codes the request-validation handler returns (`validation_message`'s third item)."""
+    fn = getattr(errors_module, "validation_message", None)
     if fn is None:
         return []
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -567,6 +568,8 @@ def _validation_codes(errors_module: types.ModuleType) -> list[str]:
 def errors_page(base: type | None = None, source_dirs: Sequence[Path] | None = None) -> str:
     """The error hierarchy and every code the gateway answers with."""
     import gateway.errors as errors
+    import gateway.http.anthropic.errors as anthropic_errors
+    import gateway.http.errors as http_errors
     from engine_adapter.base import EngineError, EngineRequestInvalid, EngineUnavailable
     from policies.demand import Reject, RejectReason
     from policies.quotas import Deny, DenyReason
@@ -581,7 +584,7 @@ def errors_page(base: type | None = None, source_dirs: Sequence[Path] | None = N
         "# Errors",
         "",
         "Every error the gateway answers with, generated from `gateway/errors.py` and the code",
-        "that raises them. OpenAI's endpoints answer",
+        "that raises them. OpenAI's endpoints (and the gateway's own) answer",
         '`{"error": {"message", "type", "param", "code"}}` with the status below; the Messages',
         'API (`/v1/messages`) answers Anthropic\'s `{"type": "error", "error": {"type", "message"}}`',
         "([below](#anthropic)). Tracebacks go to the log, never to the client.",
@@ -611,7 +614,7 @@ def errors_page(base: type | None = None, source_dirs: Sequence[Path] | None = N
         if c.default_code  # type: ignore[attr-defined]
     ]
     uses += raised_codes(set(by_name), source_dirs)
-    uses += [CodeUse(code, "InvalidRequest", "request validation") for code in _validation_codes(errors)]
+    uses += [CodeUse(code, "InvalidRequest", "request validation") for code in _validation_codes(http_errors)]
     produced: list[tuple[str, Any, str]] = []  # (code, the error, what produced it)
     for reason in RejectReason:
         err = errors.from_reject(Reject("-", reason, "-"))
@@ -653,7 +656,7 @@ def errors_page(base: type | None = None, source_dirs: Sequence[Path] | None = N
         "queue timeout) answers 529, as Anthropic does when its capacity is full.",
         "",
     ]
-    anthropic = sorted(errors.ANTHROPIC_TYPES.items())
+    anthropic = sorted(anthropic_errors.TYPES.items())
     lines += _table(("status", "Anthropic type"), ((str(s), _code(t)) for s, t in anthropic))
     lines += [
         "",

@@ -32,7 +32,8 @@ import zstandard
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, MalformedBody, RequestTooLarge, UnsupportedEncoding, answer
+from gateway.errors import GatewayError, MalformedBody, RequestTooLarge, UnsupportedEncoding
+from gateway.http.errors import answer
 
 PREFIXES = ("/v1/", "/sparkgate/")
 METHODS = frozenset({"POST", "PUT", "PATCH"})

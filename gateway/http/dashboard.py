@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from gateway import dashboard
+from gateway.http import dashboard_data
 from gateway.http.deps import Admin, State
 
 router = APIRouter()
@@ -40,4 +40,4 @@ async def page() -> HTMLResponse:
 
 @router.get("/sparkgate/dashboard/data")
 async def data(state: State, admin: Admin) -> dict[str, Any]:
-    return await dashboard.data(state)
+    return await dashboard_data.data(state)

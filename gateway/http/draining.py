@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import request_log
 from gateway.drain import Drain, shutting_down
-from gateway.errors import shape_of, to_response
+from gateway.http.errors import surface_for
 
 Refused = Callable[[Scope], bool]  # whether a request is new work to refuse while draining
 
@@ -39,8 +39,9 @@ class DrainingMiddleware:
             return
         if self.refuses(scope):
             err = shutting_down()
-            request_log.note_error(Request(scope), err)  # the request's log line says why
-            await to_response(err, shape_of(scope["path"]))(scope, receive, send)
+            request = Request(scope)
+            request_log.note_error(request, err)  # the request's log line says why
+            await surface_for(request).response(err)(scope, receive, send)
             return
 
         async def closing(message: Message) -> None:

@@ -3,17 +3,19 @@ surface's own encoding.
 
 Chat, completions, Responses and Anthropic's Messages each parse their request into a
 `lifecycle.Job` (one tokenization, quotas, admission, routing) and hand it here with their
-encoders (`Surface`): a whole body, or server-sent events. What a surface does not bring is
-the same for all: the response headers, the stream that releases its job's holds however it
-ends, and the answer to a client that left (499; counted once, by the lifecycle). Errors are
-answered in the asking API's shape by gateway/errors.py (before the stream starts) and by the
-surface's stream encoder (after).
+surface (gateway/http/surface.py) and the request's encoders (`Encoder`): a whole body, or
+server-sent events. What a surface does not bring is the same for all: the response headers,
+the stream that releases its job's holds however it ends, and the answer to a client that
+left (499; counted once, by the lifecycle). Errors are answered in the surface's shape by
+gateway/http/errors.py before the stream starts, and after it by the lifecycle, which ends
+the stream with the surface's in-band error event.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,23 +24,28 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import lifecycle, request_log
 from gateway.admission import Ticket
+from gateway.errors import GatewayError
 from gateway.http.openai import output
-from gateway.lifecycle.run import BodyEncoder, EventEncoder
+from gateway.http.surface import Surface
+from gateway.lifecycle.run import BodyEncoder, EventEncoder, StreamError
 from gateway.state import AppState
 from policies import prefix
 
+T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
-class Surface:
-    """An API surface's encoders of a job's engine output."""
+class Encoder:
+    """A request's encoders of its job's engine output: a whole body, a stream, and (where
+    the surface's own event is not enough) the end of a stream an error cut short."""
 
     complete: BodyEncoder = output.complete
     stream: EventEncoder = output.stream
+    stream_error: StreamError | None = None
 
 
-OPENAI = Surface()
+CHAT = Encoder()
 
 
 async def _client_left(request: Request) -> None:
@@ -56,8 +63,8 @@ class _ReleasingStream(StreamingResponse):
     leaving, and `Running.events` has its own (`Running._watched`), which also aborts the
     engine requests. One listener, and no task group, per stream."""
 
-    def __init__(self, running: lifecycle.Running, encode: EventEncoder, **kw: Any) -> None:
-        super().__init__(running.events(encode), **kw)
+    def __init__(self, running: lifecycle.Running, encode: EventEncoder, fail: StreamError, **kw: Any) -> None:
+        super().__init__(running.events(encode, fail), **kw)
         self.running = running
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -92,9 +99,19 @@ def _headers(job: lifecycle.Job, ticket: Ticket) -> dict[str, str]:
     return headers
 
 
-async def answer(job: lifecycle.Job, state: AppState, request: Request, surface: Surface = OPENAI) -> Response:
-    """Run the job and answer with the surface's encoders: a JSON body, a stream, or 499
-    for a client that left."""
+async def prepared(surface: Surface, prepare: Awaitable[T]) -> T:
+    """The lifecycle's prepare, its errors naming the fields as the surface's client sent them."""
+    try:
+        return await prepare
+    except GatewayError as e:
+        raise surface.renamed(e) from None
+
+
+async def answer(
+    job: lifecycle.Job, state: AppState, request: Request, surface: Surface, encoder: Encoder = CHAT
+) -> Response:
+    """Run the job and answer with the request's encoders: a JSON body, a stream (ended by
+    the surface's error event if it fails), or 499 for a client that left."""
     request_log.note_job(request, job)
     try:
         running = await lifecycle.start(
@@ -110,8 +127,9 @@ async def answer(job: lifecycle.Job, state: AppState, request: Request, surface:
         headers = _headers(job, running.ticket)
         if job.stream:
             sse = SSE_HEADERS | headers
-            return _ReleasingStream(running, surface.stream, media_type="text/event-stream", headers=sse)
-        body = await running.body(surface.complete)
+            fail = encoder.stream_error or surface.stream_error
+            return _ReleasingStream(running, encoder.stream, fail, media_type="text/event-stream", headers=sse)
+        body = await running.body(encoder.complete)
     except lifecycle.ClientLeft:
         return Response(status_code=499)
     except BaseException:

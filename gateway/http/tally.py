@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_adapter.base import EngineChunk
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from policies import prefix
 
 

@@ -10,7 +10,7 @@ Nothing here knows HTTP: an API surface passes its encoders (gateway/http/openai
 OpenAI's chat and completions) and a function that returns when its client disconnects.
 """
 
-from gateway.lifecycle.job import Job, Meter
+from gateway.job import Job, Meter
 from gateway.lifecycle.prepare import NO_ROUTING, Routing, count_chat, prepare_chat, prepare_completion
 from gateway.lifecycle.run import ClientLeft, Running, start
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from engine_adapter.base import EngineChunk, EngineRequest
 from gateway.errors import EngineUnavailableError
-from gateway.lifecycle.job import Job, Meter
+from gateway.job import Job, Meter
 from policies.lanes import Flight
 
 

@@ -25,7 +25,7 @@ from engine_adapter.base import (
 )
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.lifecycle.requests import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, ToolCall
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router

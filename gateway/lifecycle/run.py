@@ -25,13 +25,13 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from engine_adapter.base import EngineChunk
+from engine_adapter.base import EngineChunk, EngineError
 from gateway import dashboard
 from gateway.admission import Ticket
 from gateway.drain import shutting_down
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, from_exception
+from gateway.job import Job
 from gateway.lifecycle import generate
-from gateway.lifecycle.job import Job
 from gateway.lifecycle.prepare import demand, priority_of
 from gateway.metrics import (
     CANCELLED,
@@ -56,6 +56,8 @@ Chunks = AsyncIterator[tuple[int, EngineChunk]]  # a job's engine output: (promp
 # An API surface's encoders of a job's engine output: a whole body, or server-sent events.
 BodyEncoder = Callable[[Job, Chunks], Awaitable[dict[str, Any]]]
 EventEncoder = Callable[[Job, Chunks], AsyncIterator[str]]
+# The surface's end of a stream that an error cut short (the status line is gone): in-band.
+StreamError = Callable[[GatewayError], str]
 
 
 class ClientLeft(Exception):
@@ -372,28 +374,37 @@ class Running:
                     await watcher
             counters.by_model_inflight[name] -= 1
 
-    async def events(self, encode: EventEncoder) -> AsyncIterator[str]:
-        """The answer as server-sent events; released when it ends, however it ends."""
+    async def events(self, encode: EventEncoder, fail: StreamError) -> AsyncIterator[str]:
+        """The answer as server-sent events; released when it ends, however it ends. An error
+        after the first event (the engine died, the drain cut it) ends the stream with the
+        surface's error event (`fail`), and the job counts as failed: no encoder decides it."""
         chunks = self._chunks()
         try:
             async with self._watched() as watcher:
-                async for line in encode(self.job, chunks):
-                    if watcher.done() or self._client_left:  # (its abort may be under way)
+                try:
+                    async for line in encode(self.job, chunks):
+                        if watcher.done() or self._client_left:  # (its abort may be under way)
+                            return
+                        yield line
+                except Exception as exc:
+                    if watcher.done() or self._client_left:
                         return
-                    yield line
-            if self.stopped is not None:  # the drain cut it: its error event was the end
-                self.failed = True
-                self.state.counters.failed += 1
-                return
-            if self.job.meter.error_code is None:
-                self.state.counters.completed += 1
-                self.returned = True
-            else:  # an error event ended the stream (an engine death): the answer is cut short
-                self.failed = True
-                self.state.counters.failed += 1
+                    err = from_exception(exc)
+                    if not isinstance(exc, GatewayError | EngineError):
+                        log.error("%s: stream failed", self.job.id, exc_info=exc)
+                    else:
+                        log.warning("%s: stream failed: %s", self.job.id, err.message)
+                    self.job.meter.error_code = err.code
+                    self.failed = True
+                    self.state.counters.failed += 1
+                    yield fail(err)
+                    return
+            self.state.counters.completed += 1
+            self.returned = True
         except Exception:
-            self.failed = True
-            self.state.counters.failed += 1
+            if not self.failed:
+                self.failed = True
+                self.state.counters.failed += 1
             raise
         finally:
             await chunks.aclose()  # aborts engine requests still running

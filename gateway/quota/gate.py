@@ -36,8 +36,8 @@ from gateway.settings import KeyLimits, PooledLimits, QuotaSettings
 from policies.quotas import Limits
 
 if TYPE_CHECKING:
-    # Annotations only: gateway.auth imports this package (KeyRecord), so a runtime
-    # import here would be circular.
+    # Annotations only: importing gateway.auth runs this package's __init__ (for
+    # gateway.quota.store), which imports this module.
     from gateway.auth import Principal
 
 # The package's logger: quota log lines read "gateway.quota", whichever module wrote them.

@@ -16,6 +16,7 @@ import zstandard
 from fastapi import FastAPI, Request
 
 from gateway import errors
+from gateway.http import errors as http_errors
 from gateway.http.body_limits import BodyLimitsMiddleware, decode_body
 
 MAX_BYTES = 64 * 1024
@@ -33,7 +34,7 @@ def deflate_raw(data: bytes) -> bytes:
 
 def make_app(max_body_bytes: int = MAX_BYTES) -> FastAPI:
     app = FastAPI()
-    errors.install(app)
+    http_errors.install(app)
     app.add_middleware(BodyLimitsMiddleware, max_body_bytes=max_body_bytes, max_json_depth=16)
     app.state.seen = []
 

@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from gateway import errors
+from gateway.http import errors as http_errors
 from gateway.http.body_limits import BodyLimitsMiddleware, check_body, json_depth_exceeds
 
 MAX_BYTES = 4096
@@ -70,7 +71,7 @@ def test_good_body_passes() -> None:
 @pytest.fixture
 def app() -> FastAPI:
     app = FastAPI()
-    errors.install(app)
+    http_errors.install(app)
     app.add_middleware(BodyLimitsMiddleware, max_body_bytes=MAX_BYTES, max_json_depth=MAX_DEPTH)
     app.state.seen = []
 

@@ -6,6 +6,7 @@ import pytest
 
 from gateway import dashboard
 from gateway.errors import Overloaded, RateLimited
+from gateway.http import dashboard_data
 from gateway.settings import SloClass
 
 
@@ -70,10 +71,10 @@ async def test_the_quota_store_shows_redis_down_without_its_password() -> None:
     gate = QuotaGate.from_settings(settings)
     await gate.start()  # nothing listens there: down
     try:
-        shown = dashboard._quota(SimpleNamespace(quota=gate))  # type: ignore[arg-type]
+        shown = dashboard_data._quota(SimpleNamespace(quota=gate))  # type: ignore[arg-type]
     finally:
         await gate.close()
     assert shown["status"] == "down" and shown["store"] == "redis" and shown["outages"] == 1
     assert "secret" not in shown["redis_url"] and shown["redis_url"].startswith("redis://***@127.0.0.1:")
     memory = QuotaGate.from_settings(QuotaSettings())
-    assert dashboard._quota(SimpleNamespace(quota=memory))["status"] == "memory"  # type: ignore[arg-type]
+    assert dashboard_data._quota(SimpleNamespace(quota=memory))["status"] == "memory"  # type: ignore[arg-type]

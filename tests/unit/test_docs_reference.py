@@ -18,8 +18,8 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, Field
 
-from gateway import metrics as gateway_metrics
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.http import metrics as gateway_metrics
 from gateway.settings import ServerSettings, Settings
 from tools import docs_reference as ref
 

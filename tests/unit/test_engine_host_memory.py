@@ -24,6 +24,7 @@ from engine_adapter.wire import GenerateFrame
 from gateway.engine_host import create_host_app
 from gateway.errors import Overloaded, from_exception
 from gateway.host_memory import MemoryWatch
+from gateway.http.anthropic import errors as anthropic_errors
 from gateway.settings import Settings
 from tests.conftest import MODELS
 
@@ -88,7 +89,7 @@ def test_the_gateway_answers_the_host_s_refusal_as_overloaded(host: Host) -> Non
     assert isinstance(refused, EngineOverloaded) and refused.retry_after_s == 3
     err = from_exception(refused)
     assert isinstance(err, Overloaded)
-    assert (err.status, err.anthropic_status, err.code) == (503, 529, "server_overloaded")
+    assert (err.status, anthropic_errors.status(err), err.code) == (503, 529, "server_overloaded")
     assert err.headers["Retry-After"] == "3"
 
 

@@ -16,13 +16,15 @@ from gateway.errors import (
     RateLimited,
     RequestTooLarge,
     from_exception,
-    shape_of,
-    to_response,
 )
+from gateway.http.anthropic.routes import SURFACE as ANTHROPIC
+from gateway.http.openai.routes import SURFACE as OPENAI
+from gateway.http.responses.routes import SURFACE as RESPONSES
+from gateway.http.surface import DEFAULT, openai_body, surface_of
 
 
 def test_body_shape() -> None:
-    body = ModelNotFound("nope", param="model").body()
+    body = openai_body(ModelNotFound("nope", param="model"))
     assert body == {
         "error": {"message": "nope", "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
     }
@@ -67,7 +69,7 @@ def test_quota_refusals_speak_the_sdk_s_language() -> None:
     held = from_quota_refusal("key:k1", Deny(DenyReason.DAILY_IN_FLIGHT, 1000, 100, 90), 20)
     assert held.code == "rate_limit_exceeded" and "in flight" in held.message
     conc = from_quota_refusal("key:k1", Deny(DenyReason.CONCURRENCY, 1000, 2, 2), 20)
-    assert "concurrent requests" in conc.message and conc.body()["error"]["type"] == "requests"
+    assert "concurrent requests" in conc.message and openai_body(conc)["error"]["type"] == "requests"
 
 
 @pytest.mark.parametrize(
@@ -85,13 +87,29 @@ def test_quota_refusals_speak_the_sdk_s_language() -> None:
     ],
 )
 def test_anthropic_shape(err: GatewayError, status: int, kind: str) -> None:
-    r = to_response(err, "anthropic")
+    r = ANTHROPIC.response(err)
     assert r.status_code == status
     assert json.loads(r.body) == {"type": "error", "error": {"type": kind, "message": err.message}}
     assert dict(r.headers).items() >= {k.lower(): v for k, v in err.headers.items()}.items()
-    assert to_response(err).status_code == err.status  # OpenAI's shape keeps its status
+    assert OPENAI.response(err).status_code == err.status  # OpenAI's shape keeps its status
 
 
-def test_the_path_picks_the_shape() -> None:
-    assert shape_of("/v1/messages") == shape_of("/v1/messages/count_tokens") == "anthropic"
-    assert shape_of("/v1/chat/completions") == shape_of("/v1/responses") == shape_of("/") == "openai"
+def test_the_path_picks_the_surface_and_so_the_shape() -> None:
+    surfaces = (OPENAI, RESPONSES, ANTHROPIC)
+    assert surface_of("/v1/messages", surfaces) is surface_of("/v1/messages/count_tokens", surfaces) is ANTHROPIC
+    assert surface_of("/v1/chat/completions", surfaces) is OPENAI
+    assert surface_of("/v1/responses/resp_1", surfaces) is RESPONSES
+    assert surface_of("/", surfaces) is surface_of("/sparkgate/admin/keys", surfaces) is DEFAULT
+    assert DEFAULT.error_body is OPENAI.error_body is RESPONSES.error_body  # OpenAI's shape, but on Messages
+
+
+def test_a_lifecycle_error_names_the_field_the_client_sent() -> None:
+    err = InvalidRequest("Invalid 'max_tokens': must be at least 1, got 0.", param="max_tokens")
+    assert RESPONSES.renamed(err).param == "max_output_tokens"
+    assert err.message == "Invalid 'max_output_tokens': must be at least 1, got 0."
+    moved = ContextLengthExceeded("The prompt in 'messages[3].content' is too long.", param="messages[3].content")
+    assert RESPONSES.renamed(moved).param == "input"  # its items may sit elsewhere in the client's input
+    assert "'input'" in moved.message
+    kept = InvalidRequest("Invalid 'seed'.", param="seed")
+    assert RESPONSES.renamed(kept) is kept and kept.param == "seed"
+    assert OPENAI.renamed(InvalidRequest("x", param="max_tokens")).param == "max_tokens"

@@ -8,9 +8,13 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineUnavailable
+from gateway.errors import from_exception
+from gateway.http.anthropic import errors as anthropic_errors
 from gateway.http.anthropic.output import MessageEncoder
-from gateway.lifecycle.job import Meter
+from gateway.job import Meter
 from gateway.text.assistant import TurnSpec
 
 
@@ -76,16 +80,24 @@ def test_a_stream_ends_with_the_stop_reason_and_usage() -> None:
 
 
 def test_an_engine_death_mid_stream_is_an_error_event() -> None:
+    """The encoder lets the error through; the lifecycle ends the stream with the surface's
+    event (gateway/lifecycle/run.py, tests/api/test_surface_contract.py)."""
     j = job()
+    seen: list[str] = []
 
     async def chunks() -> AsyncIterator[tuple[int, EngineChunk]]:
         yield 0, chunk("Hello ")
         raise EngineUnavailable("engine m died")
 
-    out = events(asyncio.run(collect(MessageEncoder(model="m"), j, chunks())))
-    assert [e["type"] for e in out][:2] == ["message_start", "ping"]
-    assert out[-1] == {"type": "error", "error": {"type": "api_error", "message": "engine m died"}}
-    assert j.meter.error_code == "engine_unavailable"
+    async def run() -> None:
+        async for line in MessageEncoder(model="m").stream(j, chunks()):
+            seen.append(line)
+
+    with pytest.raises(EngineUnavailable) as died:
+        asyncio.run(run())
+    assert [e["type"] for e in events(seen)][:2] == ["message_start", "ping"]
+    end = events([anthropic_errors.stream_error(from_exception(died.value))])
+    assert end == [{"type": "error", "error": {"type": "api_error", "message": "engine m died"}}]
 
 
 def test_a_tool_call_cut_by_the_token_limit_stops_at_max_tokens() -> None:

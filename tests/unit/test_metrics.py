@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.lifecycle.job import Meter
+from gateway.job import Meter
 from gateway.metrics import COMPLETED, FAILED, Metrics, UserLabels
 from gateway.router import route_decision
 from gateway.settings import MetricsSettings, SloClass

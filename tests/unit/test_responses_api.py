@@ -15,11 +15,12 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineUnavailable
-from gateway.errors import InvalidRequest, _validation_message
+from gateway.errors import InvalidRequest, from_exception
+from gateway.http.errors import validation_message as _validation_message
 from gateway.http.responses.output import OutputItems, ResponseEncoder
 from gateway.http.responses.schemas import ResponsesRequest, parse
 from gateway.http.responses.translate import output_messages, to_messages, translate
-from gateway.lifecycle.job import Meter
+from gateway.job import Meter
 from gateway.responses_store import MemoryResponseStore, StoredResponse
 from gateway.text.assistant import (
     ContentDelta,
@@ -313,12 +314,23 @@ def encoder(saved: list[Any]) -> ResponseEncoder:
 
 
 def stream_events(enc: ResponseEncoder, job: Any, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> list[Any]:
+    """The stream's events; an error ends it with the encoder's `stream_error`, as the lifecycle
+    calls it (gateway/lifecycle/run.py)."""
+
     async def collect() -> list[str]:
-        return [line async for line in enc.stream(job, chunks)]
+        lines = []
+        try:
+            async for line in enc.stream(job, chunks):
+                lines.append(line)
+        except Exception as e:
+            lines.append(enc.stream_error(from_exception(e)))
+        return lines
 
     out = []
-    for line in asyncio.run(collect()):
-        head, data = line.removesuffix("\n\n").split("\n")
+    for frame in "".join(asyncio.run(collect())).split("\n\n"):
+        if not frame:
+            continue
+        head, data = frame.split("\n")
         event = json.loads(data.removeprefix("data: "))
         assert head == f"event: {event['type']}"
         out.append(EVENT.validate_python(event))

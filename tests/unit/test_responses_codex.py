@@ -18,11 +18,12 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from engine_adapter.base import ChoiceDelta, EngineChunk, EngineRequest, SamplingOptions, StructuredOutput
-from gateway.errors import InvalidRequest, _validation_message
+from gateway.errors import InvalidRequest
+from gateway.http.errors import validation_message as _validation_message
 from gateway.http.responses.output import OutputItems, ResponseEncoder, custom_input, input_so_far
 from gateway.http.responses.schemas import ResponsesRequest, parse
 from gateway.http.responses.translate import force_custom, output_messages, translate
-from gateway.lifecycle.job import Meter
+from gateway.job import Meter
 from gateway.text.assistant import (
     ContentDelta,
     Event,
@@ -302,7 +303,7 @@ def test_custom_tool_items_are_checked_at_their_place() -> None:
 
 
 def fake_request_job(structured: StructuredOutput | None) -> Any:
-    from gateway.lifecycle.job import Job
+    from gateway.job import Job
 
     request = EngineRequest(
         request_id="r", prompt_token_ids=(1, 2), sampling=SamplingOptions(max_tokens=8, structured=structured)

@@ -13,7 +13,7 @@ import pytest
 from engine_adapter.base import Engine, KVGroup, KVSpec
 from gateway.auth import ANONYMOUS, Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.lifecycle.run import _route_hold, _start_flight
 from gateway.registry import ServedModel
 from gateway.router import Router

@@ -69,7 +69,7 @@ def refusal(model: type[ChatCompletionRequest] | type[CompletionRequest], body: 
     """(param, code) of the 400 a body gets, through the gateway's one mapping."""
     from fastapi.exceptions import RequestValidationError
 
-    from gateway.errors import _validation_message
+    from gateway.http.errors import validation_message as _validation_message
 
     base: dict[str, object] = {"model": "m"}
     base |= {"messages": [{"role": "user", "content": "hi"}]} if model is ChatCompletionRequest else {"prompt": "x"}
@@ -160,7 +160,7 @@ def test_what_openai_allows_still_passes() -> None:
 def test_type_error_messages_read_like_openai_s() -> None:
     from fastapi.exceptions import RequestValidationError
 
-    from gateway.errors import _validation_message
+    from gateway.http.errors import validation_message as _validation_message
 
     with pytest.raises(ValidationError) as e:
         chat(stop=3)

@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
-from gateway.errors import from_exception
 from gateway.http.sse import sse
 from gateway.http.tally import Tally
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
 
 log = logging.getLogger(__name__)
@@ -192,30 +191,24 @@ class MessageEncoder:
     async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
         tally, blocks, parser = Tally.of(job), Blocks(thinking_shown=self.thinking_shown), TurnParser(job.turn)
         started = False
-        try:
-            async for _, chunk in chunks:
-                tally.observe(chunk)
-                lines = []
-                if not started:
-                    started = True
-                    opening = self._message(job, [], _usage(tally) | {"output_tokens": 0})
-                    lines += [
-                        sse({"type": "message_start", "message": opening}, named=True),
-                        sse({"type": "ping"}, named=True),
-                    ]
-                for c in chunk.choices:
-                    lines += [sse(e, named=True) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
-                if lines:
-                    yield "".join(lines)
-            job.meter.reasoning_tokens = parser.reasoning_tokens
-            tail = [sse(e, named=True) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
-            stop_reason, stop_sequence = _stop(tally, blocks.tool_calls)
-            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            tail.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(tally)}, named=True))
-            tail.append(sse({"type": "message_stop"}, named=True))
-            yield "".join(tail)
-        except Exception as exc:  # the status line is sent: report in-band
-            err = from_exception(exc)
-            job.meter.error_code = err.code
-            log.warning("message stream %s failed: %s", job.id, err.message)
-            yield sse(err.anthropic_body(), named=True)
+        async for _, chunk in chunks:
+            tally.observe(chunk)
+            lines = []
+            if not started:
+                started = True
+                opening = self._message(job, [], _usage(tally) | {"output_tokens": 0})
+                lines += [
+                    sse({"type": "message_start", "message": opening}, named=True),
+                    sse({"type": "ping"}, named=True),
+                ]
+            for c in chunk.choices:
+                lines += [sse(e, named=True) for e in blocks.apply(parser.feed(c.text, c.token_ids))]
+            if lines:
+                yield "".join(lines)
+        job.meter.reasoning_tokens = parser.reasoning_tokens
+        tail = [sse(e, named=True) for e in [*blocks.apply(parser.finish()), *blocks.close()]]
+        stop_reason, stop_sequence = _stop(tally, blocks.tool_calls)
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+        tail.append(sse({"type": "message_delta", "delta": delta, "usage": _usage(tally)}, named=True))
+        tail.append(sse({"type": "message_stop"}, named=True))
+        yield "".join(tail)

@@ -13,11 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from engine_adapter.base import EngineChunk
-from gateway.errors import from_exception
 from gateway.http.openai import bodies
 from gateway.http.openai.bodies import ChoiceState, CompletionLogprobs, Usage, tool_call
 from gateway.http.sse import sse
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.text import assistant
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
 from policies import tokens
@@ -201,92 +200,84 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
         )
         return sse(body | top if top else body)
 
-    try:
-        async for i, chunk in chunks:
-            shown = acct.usage.completion_tokens  # the count the frames so far carried
-            acct.observe(i, chunk)
-            frames: list[str] = []
-            out: list[dict[str, Any]] = []
-            for c in chunk.choices:
-                idx = _choice_index(job, i, c.index)
-                if job.kind == "chat":
-                    if idx not in started:
-                        started.add(idx)
-                        parsers[idx] = TurnParser(job.turn)
-                        role = {"role": "assistant", "content": ""}
-                        ids = {"prompt_token_ids": list(job.prompts[0].token_ids)} if job.return_token_ids else {}
-                        # The usage so far leaves out the tokens of the text that follows these
-                        # frames, as vLLM counts: each chunk's count then grows.
-                        before = replace(acct.usage, completion_tokens=shown) if job.continuous_usage else None
-                        frames.append(
-                            frame(
-                                [{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}],
-                                before,
-                                top=ids,
-                            )
+    async for i, chunk in chunks:
+        shown = acct.usage.completion_tokens  # the count the frames so far carried
+        acct.observe(i, chunk)
+        frames: list[str] = []
+        out: list[dict[str, Any]] = []
+        for c in chunk.choices:
+            idx = _choice_index(job, i, c.index)
+            if job.kind == "chat":
+                if idx not in started:
+                    started.add(idx)
+                    parsers[idx] = TurnParser(job.turn)
+                    role = {"role": "assistant", "content": ""}
+                    ids = {"prompt_token_ids": list(job.prompts[0].token_ids)} if job.return_token_ids else {}
+                    # The usage so far leaves out the tokens of the text that follows these
+                    # frames, as vLLM counts: each chunk's count then grows.
+                    before = replace(acct.usage, completion_tokens=shown) if job.continuous_usage else None
+                    frames.append(
+                        frame(
+                            [{"index": idx, "delta": role, "logprobs": None, "finish_reason": None}],
+                            before,
+                            top=ids,
                         )
-                        if job.echo_text:
-                            echoed = {"index": idx, "delta": {"content": job.echo_text}}
-                            frames.append(frame([echoed | {"logprobs": None, "finish_reason": None}], before))
-                    shown += len(c.token_ids)
-                    parser = parsers[idx]
-                    events = parser.feed(c.text, c.token_ids)
-                    if c.finish_reason is not None:
-                        events += parser.finish()
-                    deltas = chat_deltas(events)
-                    if not deltas and c.finish_reason is None and not c.logprobs and not job.return_token_ids:
-                        continue
-                    logprobs = (
-                        bodies.chat_logprobs(c.logprobs or (), job.logprobs) if job.logprobs is not None else None
                     )
-                    finish = assistant.finish_reason(c.finish_reason, parser.calls)
-                    for k, delta in enumerate(deltas or [{}]):
-                        last = k == max(len(deltas), 1) - 1
-                        entry = {"index": idx, "delta": delta, "logprobs": logprobs if k == 0 else None}
-                        entry["finish_reason"] = finish if last else None
-                        if job.return_token_ids:  # the engine chunk's ids, on its first frame
-                            entry["token_ids"] = list(c.token_ids) if k == 0 else []
-                        if last:
-                            out.append(entry)
-                        else:
-                            frames.append(frame([entry]))
-                else:
-                    text = c.text
-                    lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
-                    first = idx not in started
-                    if first:
-                        started.add(idx)
-                        if job.echo:
-                            text = acct.echo(i, lp) + text
-                    if job.logprobs is not None and c.logprobs:
-                        lp.add(list(c.logprobs), _token_texts(c.logprobs))
-                    if not text and c.finish_reason is None and not job.return_token_ids:
-                        continue
-                    out.append(
-                        {
-                            "index": idx,
-                            "text": text,
-                            "logprobs": lp.take() if job.logprobs is not None else None,
-                            "finish_reason": c.finish_reason,
-                        }
-                        | _completion_extras(job, acct, i, c.token_ids, whole=first)
-                    )
-            # One choice per chunk, as OpenAI and vLLM send them: a client that reads
-            # `choices[0]` of each chunk sees every choice's text and finish reason.
-            frames += [frame([entry]) for entry in out]
-            unfinished -= chunk.finished
-            if unfinished > 0:
-                if frames:
-                    yield "".join(frames)
-            else:  # nothing is left to wait for: these go out with the end
-                tail += frames
-        acct.usage.reasoning_tokens = job.meter.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
-        if job.include_usage:
-            tail.append(frame([], acct.usage))
-    except Exception as exc:  # the status line is sent: report in-band
-        err = from_exception(exc)
-        job.meter.error_code = err.code
-        log.warning("stream %s failed: %s", job.id, err.message)
-        tail.append(sse(err.body()))
+                    if job.echo_text:
+                        echoed = {"index": idx, "delta": {"content": job.echo_text}}
+                        frames.append(frame([echoed | {"logprobs": None, "finish_reason": None}], before))
+                shown += len(c.token_ids)
+                parser = parsers[idx]
+                events = parser.feed(c.text, c.token_ids)
+                if c.finish_reason is not None:
+                    events += parser.finish()
+                deltas = chat_deltas(events)
+                if not deltas and c.finish_reason is None and not c.logprobs and not job.return_token_ids:
+                    continue
+                logprobs = bodies.chat_logprobs(c.logprobs or (), job.logprobs) if job.logprobs is not None else None
+                finish = assistant.finish_reason(c.finish_reason, parser.calls)
+                for k, delta in enumerate(deltas or [{}]):
+                    last = k == max(len(deltas), 1) - 1
+                    entry = {"index": idx, "delta": delta, "logprobs": logprobs if k == 0 else None}
+                    entry["finish_reason"] = finish if last else None
+                    if job.return_token_ids:  # the engine chunk's ids, on its first frame
+                        entry["token_ids"] = list(c.token_ids) if k == 0 else []
+                    if last:
+                        out.append(entry)
+                    else:
+                        frames.append(frame([entry]))
+            else:
+                text = c.text
+                lp = legacy.setdefault(idx, CompletionLogprobs(job.logprobs or 0))
+                first = idx not in started
+                if first:
+                    started.add(idx)
+                    if job.echo:
+                        text = acct.echo(i, lp) + text
+                if job.logprobs is not None and c.logprobs:
+                    lp.add(list(c.logprobs), _token_texts(c.logprobs))
+                if not text and c.finish_reason is None and not job.return_token_ids:
+                    continue
+                out.append(
+                    {
+                        "index": idx,
+                        "text": text,
+                        "logprobs": lp.take() if job.logprobs is not None else None,
+                        "finish_reason": c.finish_reason,
+                    }
+                    | _completion_extras(job, acct, i, c.token_ids, whole=first)
+                )
+        # One choice per chunk, as OpenAI and vLLM send them: a client that reads
+        # `choices[0]` of each chunk sees every choice's text and finish reason.
+        frames += [frame([entry]) for entry in out]
+        unfinished -= chunk.finished
+        if unfinished > 0:
+            if frames:
+                yield "".join(frames)
+        else:  # nothing is left to wait for: these go out with the end
+            tail += frames
+    acct.usage.reasoning_tokens = job.meter.reasoning_tokens = sum(p.reasoning_tokens for p in parsers.values())
+    if job.include_usage:
+        tail.append(frame([], acct.usage))
     tail.append(sse("[DONE]"))
     yield "".join(tail)

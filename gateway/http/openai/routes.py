@@ -2,36 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 
-from gateway import lifecycle, request_log
-from gateway.auth import Principal
+from gateway import lifecycle
 from gateway.errors import InvalidRequest
 from gateway.http import json_body, response_docs
-from gateway.http.deps import Caller, State, get_principal, get_state
+from gateway.http.deps import Caller, State
 from gateway.http.serving import answer, routing_of
+from gateway.http.surface import Surface
 from gateway.lifecycle.requests import ChatCompletionRequest, CompletionRequest, refused_fields
-from gateway.state import AppState
 
 router = APIRouter(prefix="/v1")
 M = TypeVar("M", ChatCompletionRequest, CompletionRequest)
 
 
-# The two hot routes take the request alone and parse it themselves (json_body), in the
-# order FastAPI would: the JSON, the key, the schema. FastAPI's dependency machinery for a body
-# model, a header and two dependencies costs a sizeable share of a short chat's CPU time; the document
-# still describes the body (`openapi_extra`).
-async def _parsed(request: Request, model: type[M]) -> tuple[AppState, Principal, M]:
-    state = get_state(request)
-    data = json_body.document(await request.body())
-    caller = await get_principal(request, request.headers.get("authorization"))
-    _refuse_unsupported(data, "chat" if model is ChatCompletionRequest else "completion")
-    body = json_body.validate(model, data)
-    state.counters.requests += 1
-    request_log.note_model(request, body.model)
-    return state, caller, body
+def _parser(model: type[M]) -> Callable[[bytes], M]:
+    """The body as `model`: JSON, then vLLM's fields this gateway refuses, then the schema.
+    The two hot routes parse it themselves: FastAPI's dependency machinery for a body model,
+    a header and two dependencies costs a sizeable share of a short chat's CPU time (the
+    document still describes the body: `openapi_extra`)."""
+    kind = "chat" if model is ChatCompletionRequest else "completion"
+
+    def parse(raw: bytes) -> M:
+        data = json_body.document(raw)
+        _refuse_unsupported(data, kind)
+        return json_body.validate(model, data)
+
+    return parse
+
+
+_CHAT = _parser(ChatCompletionRequest)
+_COMPLETION = _parser(CompletionRequest)
+
+
+def _model(body: ChatCompletionRequest | CompletionRequest) -> str:
+    return body.model
 
 
 def _refuse_unsupported(data: Any, kind: str) -> None:
@@ -52,9 +60,10 @@ def _refuse_unsupported(data: Any, kind: str) -> None:
     openapi_extra=response_docs.request_body(ChatCompletionRequest, "Chat"),
 )
 async def chat_completions(request: Request) -> Response:
-    state, caller, body = await _parsed(request, ChatCompletionRequest)
-    job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, routing_of(state, request))
-    return await answer(job, state, request)
+    state, caller, body = await SURFACE.read(request, _CHAT, model=_model)
+    routing = routing_of(state, request)
+    job = await lifecycle.prepare_chat(body, state.registry, caller, state.settings.limits, routing)
+    return await answer(job, state, request, SURFACE)
 
 
 @router.post(
@@ -63,11 +72,10 @@ async def chat_completions(request: Request) -> Response:
     openapi_extra=response_docs.request_body(CompletionRequest, "Completion"),
 )
 async def completions(request: Request) -> Response:
-    state, caller, body = await _parsed(request, CompletionRequest)
-    job = await lifecycle.prepare_completion(
-        body, state.registry, caller, state.settings.limits, routing_of(state, request)
-    )
-    return await answer(job, state, request)
+    state, caller, body = await SURFACE.read(request, _COMPLETION, model=_model)
+    routing = routing_of(state, request)
+    job = await lifecycle.prepare_completion(body, state.registry, caller, state.settings.limits, routing)
+    return await answer(job, state, request, SURFACE)
 
 
 @router.get("/models", responses=response_docs.LIST_MODELS)
@@ -93,3 +101,7 @@ async def list_models(state: State, caller: Caller) -> dict[str, Any]:
                 {"id": alias, "object": "model", "created": 0, "owned_by": "sparkgate", "root": f"route:{strategy}"}
             )
     return {"object": "list", "data": data}
+
+
+# OpenAI's API: its error shape is the gateway's default, and chat's names are its own.
+SURFACE = Surface("openai", router, paths=("/v1/chat/completions", "/v1/completions", "/v1/models"))

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
-from gateway.errors import from_exception
+from gateway.errors import GatewayError
 from gateway.http.responses.schemas import encode_reasoning
 from gateway.http.responses.translate import CUSTOM_INPUT, ToolRef, output_messages
 from gateway.http.sse import new_id, sse
 from gateway.http.tally import Tally
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.text.assistant import (
     ContentDelta,
     Event,
@@ -333,6 +333,7 @@ class ResponseEncoder:
     summary: bool = False  # reasoning.summary was asked for: the reasoning is its summary too
     tools: Mapping[str, ToolRef] = field(default_factory=dict)  # chat tool name -> the client's tool
     encrypted: bool = False  # include: reasoning.encrypted_content
+    _run: _Streamed | None = field(default=None, init=False, repr=False)
 
     def _items(self) -> OutputItems:
         return OutputItems(summary=self.summary, tools=self.tools, encrypted=self.encrypted)
@@ -379,38 +380,48 @@ class ResponseEncoder:
         return await self._finish(job, items, tally, parser)
 
     async def stream(self, job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> AsyncIterator[str]:
-        seq = 0
-
-        def event(e: dict[str, Any]) -> str:
-            nonlocal seq
-            line = sse({"type": e["type"], "sequence_number": seq, **e}, named=True)
-            seq += 1
-            return line
-
-        tally, items, parser = Tally.of(job), self._items(), TurnParser(job.turn)
+        run = self._run = _Streamed(job, Tally.of(job), self._items(), TurnParser(job.turn))
         opening = self.body(job, status="in_progress", output=[], usage=None)
-        yield event({"type": "response.created", "response": opening})
-        yield event({"type": "response.in_progress", "response": opening})
-        try:
-            async for _, chunk in chunks:
-                tally.observe(chunk)
-                for c in chunk.choices:
-                    for e in items.apply(parser.feed(c.text, c.token_ids)):
-                        yield event(e)
-            for e in [*items.apply(parser.finish()), *items.close(_status(tally))]:
-                yield event(e)
-            body = await self._finish(job, items, tally, parser)
-            yield event({"type": f"response.{body['status']}", "response": body})
-        except Exception as exc:  # the status line is sent: report in-band
-            err = from_exception(exc)
-            job.meter.error_code = err.code
-            log.warning("response stream %s failed: %s", self.id, err.message)
-            yield event({"type": "error", "code": err.code, "message": err.message, "param": err.param})
-            failed = self.body(
-                job,
-                status="failed",
-                output=items.output,
-                usage=_usage(tally, parser.reasoning_tokens),
-                error={"code": "server_error", "message": err.message},
-            )
-            yield event({"type": "response.failed", "response": failed})
+        yield run.event({"type": "response.created", "response": opening})
+        yield run.event({"type": "response.in_progress", "response": opening})
+        async for _, chunk in chunks:
+            run.tally.observe(chunk)
+            for c in chunk.choices:
+                for e in run.items.apply(run.parser.feed(c.text, c.token_ids)):
+                    yield run.event(e)
+        for e in [*run.items.apply(run.parser.finish()), *run.items.close(_status(run.tally))]:
+            yield run.event(e)
+        body = await self._finish(job, run.items, run.tally, run.parser)
+        yield run.event({"type": f"response.{body['status']}", "response": body})
+
+    def stream_error(self, err: GatewayError) -> str:
+        """A stream's end after an error: an `error` event, then `response.failed` with the
+        output so far (the lifecycle calls it; the status line is gone)."""
+        run = self._run
+        assert run is not None, "stream_error follows stream"
+        failed = self.body(
+            run.job,
+            status="failed",
+            output=run.items.output,
+            usage=_usage(run.tally, run.parser.reasoning_tokens),
+            error={"code": "server_error", "message": err.message},
+        )
+        return run.event({"type": "error", "code": err.code, "message": err.message, "param": err.param}) + run.event(
+            {"type": "response.failed", "response": failed}
+        )
+
+
+@dataclass
+class _Streamed:
+    """A stream's state, kept for the error that may end it."""
+
+    job: Job
+    tally: Tally
+    items: OutputItems
+    parser: TurnParser
+    seq: int = 0
+
+    def event(self, e: dict[str, Any]) -> str:
+        line = sse({"type": e["type"], "sequence_number": self.seq, **e}, named=True)
+        self.seq += 1
+        return line

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from gateway import lifecycle, request_log
+from gateway import lifecycle
 from gateway.auth import Principal
 from gateway.errors import GatewayError, ResponseNotFound
 from gateway.http import response_docs
@@ -25,8 +25,9 @@ from gateway.http.deps import Caller, State
 from gateway.http.responses import schemas as responses_schemas
 from gateway.http.responses import translate as responses_input
 from gateway.http.responses.output import ResponseEncoder
-from gateway.http.serving import Surface, answer, routing_of
+from gateway.http.serving import Encoder, answer, prepared, routing_of
 from gateway.http.sse import new_id
+from gateway.http.surface import Surface
 from gateway.responses_store import StoredResponse
 from gateway.state import AppState
 
@@ -47,17 +48,16 @@ async def _owned(state: AppState, caller: Principal, response_id: str, param: st
     responses=response_docs.RESPONSES,
     openapi_extra=response_docs.request_body(responses_schemas.ResponsesRequest, "Responses"),
 )
-async def create_response(request: Request, state: State, caller: Caller) -> Response:
-    state.counters.requests += 1
-    req = responses_schemas.parse(await request.body())
+async def create_response(request: Request) -> Response:
+    state, caller, req = await SURFACE.read(request, responses_schemas.parse, model=_model)
     responses_schemas.check_limits(req, state.settings.limits)
-    request_log.note_model(request, req.model)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = (await _owned(state, caller, req.previous_response_id, "previous_response_id")).messages
     translated = responses_input.translate(req, history)
-    job = await lifecycle.prepare_chat(
-        translated.chat, state.registry, caller, state.settings.limits, routing_of(state, request)
+    routing = routing_of(state, request)
+    job = await prepared(
+        SURFACE, lifecycle.prepare_chat(translated.chat, state.registry, caller, state.settings.limits, routing)
     )
     if translated.forced_custom is not None:  # its output is its input text, not JSON arguments
         job = responses_input.force_custom(job, translated.forced_custom)
@@ -78,7 +78,11 @@ async def create_response(request: Request, state: State, caller: Caller) -> Res
         tools=translated.tools,
         encrypted=req.encrypted_reasoning,
     )
-    return await answer(job, state, request, Surface(encoder.complete, encoder.stream))
+    return await answer(job, state, request, SURFACE, Encoder(encoder.complete, encoder.stream, encoder.stream_error))
+
+
+def _model(req: responses_schemas.ResponsesRequest) -> str:
+    return req.model
 
 
 @router.get("/responses/{response_id}")
@@ -91,3 +95,21 @@ async def delete_response(response_id: str, state: State, caller: Caller) -> dic
     await _owned(state, caller, response_id, "response_id")
     await state.responses.delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
+
+
+# OpenAI's error shape; a stream's error ends it with `error` and `response.failed` (the
+# encoder's, which holds the output so far). Chat's parameters by the names Responses gives them.
+SURFACE = Surface(
+    "responses",
+    router,
+    paths=("/v1/responses",),
+    params={
+        "messages": "input",
+        "max_tokens": "max_output_tokens",
+        "max_completion_tokens": "max_output_tokens",
+        "response_format": "text.format",
+        "structured_outputs": "text.format",
+        "tools": "tools",
+        "tool_choice": "tool_choice",
+    },
+)

@@ -55,7 +55,7 @@ from gateway.http.responses.schemas import (
     ToolChoiceFunction,
     validation_failed,
 )
-from gateway.lifecycle.job import Job
+from gateway.job import Job
 from gateway.lifecycle.requests import ChatCompletionRequest
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
