@@ -1,6 +1,6 @@
 """What the API's responses look like, for the OpenAPI document (`/openapi.json`).
 
-The bodies themselves are built as plain dicts (bodies.py, output.py, responses_output.py);
+The bodies themselves are built as plain dicts (openai/bodies.py, openai/output.py, responses/output.py);
 these JSON Schemas describe them, so that a client generator, or schemathesis
 (benchmarks/fuzz.py, tests/api/test_fuzz.py), can check every real response against the
 document: the 200 bodies of chat, completions, models and responses, and the one error

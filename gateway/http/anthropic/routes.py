@@ -1,9 +1,9 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens (Claude Code,
 the anthropic SDKs), and HEAD / GET / (Claude Code checks that the base URL answers).
 
-A Messages request becomes a chat request (messages_input.py) and goes through the same
+A Messages request becomes a chat request (translate.py) and goes through the same
 lifecycle as chat completions (`prepare_chat`, then `answer` with this surface's encoders,
-messages_output.py). Errors come in Anthropic's shape (anthropic/errors.py, for this surface's paths).
+output.py). Errors come in Anthropic's shape (anthropic/errors.py, for this surface's paths).
 The key may come as `x-api-key` (the SDK's) or `Authorization: Bearer` (Claude Code with
 ANTHROPIC_AUTH_TOKEN); `anthropic-version` and `anthropic-beta` headers are accepted as they are.
 """

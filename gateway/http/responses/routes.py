@@ -1,8 +1,8 @@
 """POST /v1/responses (OpenAI's Responses API), GET and DELETE /v1/responses/{id}.
 
-A Responses request becomes a chat request (responses_input.py) and goes through the
+A Responses request becomes a chat request (translate.py) and goes through the
 same lifecycle as chat completions (`prepare_chat`, then `answer` with this surface's
-encoders, responses_output.py). With `store: true` (the default) the finished response
+encoders, output.py). With `store: true` (the default) the finished response
 is kept, with its conversation, for its owner (gateway/responses_store.py): GET returns
 it, `previous_response_id` continues it, DELETE removes it. Another user's id is "not
 found", like an unknown or expired one. With `store: false` nothing is kept: the client sends

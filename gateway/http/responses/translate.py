@@ -25,7 +25,7 @@ response's output as the chat messages that continue its conversation.
     reasoning.effort                -> reasoning_effort ("none": thinking off)
 
 `Tools.refs` maps each chat tool name back to what the client declared, so the output
-(responses_output.py) names calls as the client knows them.
+(output.py) names calls as the client knows them.
 """
 
 from __future__ import annotations
