@@ -7,15 +7,20 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 if TYPE_CHECKING:
-    from gateway.drain import Drain
+    import uvicorn
+
+    from gateway.drain import Drain, DrainingServer
     from gateway.settings import Settings
 
 app = typer.Typer(
@@ -91,7 +96,7 @@ def _run(
     import uvicorn
 
     from gateway import runtime_env
-    from gateway.drain import SHUTDOWN_WAIT_S, Drain, DrainingServer
+    from gateway.drain import SHUTDOWN_WAIT_S, Drain
 
     server = settings.server.model_copy(update={k: v for k, v in {"host": host, "port": port}.items() if v is not None})
     from gateway import logs
@@ -113,11 +118,83 @@ def _run(
         log_config=log_config,
         **proxy_options(server.trusted_proxies),
     )
-    server_ = DrainingServer(config, drain)  # SIGTERM or Ctrl-C: drained, then a clean return (exit 0)
+    # SIGTERM or Ctrl-C: drained, then a clean return (exit 0); while the engines start: at once.
+    server_ = _server(config, drain)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a clean stop
         server_.run(sockets=[sock])
     if not server_.started:
-        raise typer.Exit(3)  # as uvicorn.run: stopped before serving (e.g. Ctrl-C while the engines load)
+        raise typer.Exit(3)  # as uvicorn.run: stopped before serving (an engine failed to start)
+
+
+def _server(config: uvicorn.Config, drain: Drain) -> DrainingServer:
+    """The server, draining on signals once it serves (gateway/drain.py). Before that, while
+    its engines start, a signal ends it at once (`_stop_starting`): uvicorn would only stop once
+    the start is over, and an engine's start (minutes of weights, compilation and graph capture
+    on a GPU; 20-35 s for a tiny one on a CPU) cannot be cut short from here: it runs in a
+    thread, and in engine processes that handle no signal while in a long native call."""
+    from gateway.drain import DrainingServer
+
+    class Server(DrainingServer):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.started:
+                _stop_starting(sig)
+            super().handle_exit(sig, frame)
+
+    return Server(config, drain)
+
+
+def _stop_starting(sig: int) -> NoReturn:
+    """Asked to stop before serving: kill the engine processes being started (nothing ran on
+    them; the processes this one started, theirs and so on) and exit 0, as a drain does."""
+    logging.getLogger("sparkgate").warning(
+        "%s while the engines start: stopping them, and exiting", signal.Signals(sig).name
+    )
+    _kill_descendants(keep=_resource_tracker())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _kill_descendants(keep: int | None = None) -> None:
+    """SIGKILL every process below this one but `keep`. Stopped first (SIGSTOP), until no new
+    one shows up: a stopped process starts no other, so none escapes while its parent dies."""
+    stopped: set[int] = set()
+    while new := [pid for pid in _descendants(os.getpid()) if pid not in stopped and pid != keep]:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped.update(new)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below `root`: its children, theirs, and so on (Linux's /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _resource_tracker() -> int | None:
+    """multiprocessing's resource tracker, if this process started one (the engines' processes
+    share it): left to exit by itself once they are gone, unlinking the shared memory they
+    left."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return pid if isinstance(pid, int) else None
 
 
 def proxy_options(trusted_proxies: tuple[str, ...]) -> dict[str, Any]:
