@@ -5,11 +5,12 @@ its parent. Every server the tests start runs through it: each `sparkgate serve`
 (tests/api/test_vllm_server_engine.py).
 
 Why: a test run that is killed (a timeout, Ctrl-C, SIGKILL) runs no teardown, and the fleet's
-servers, each in its own process group, served on for minutes after it. vLLM's engine core does
-not watch the server, so it must go too: the server is its group's leader, and the engine core and
-its workers are in that group. SIGKILL, because a server starting its engine ignores SIGTERM for
-over 30 s. A thread polling getppid() rather than PR_SET_PDEATHSIG: that signal fires when the
-*thread* that started the process ends (not its process), and it would end the server alone,
+servers, each in its own process group, served on for minutes after it. vLLM's engine core does not
+watch the server, so it must go too: the server is its group's leader, and the engine core and its
+workers are in that group. SIGKILL to the whole group: a SIGTERM to the server drains (or, while
+its engines start, kills them), to an engine process it is vLLM's own shutdown, and nobody is left
+to wait for either. A thread polling getppid() rather than PR_SET_PDEATHSIG: that signal fires when
+the *thread* that started the process ends (not its process), and it would end the server alone,
 leaving its engines behind. Production servers never run this: only the tests ask for it.
 """
 
