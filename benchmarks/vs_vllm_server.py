@@ -7,6 +7,9 @@ virtualenv: `python3 -m venv .cache/litellm-venv && .cache/litellm-venv/bin/pip 
     .venv/bin/python benchmarks/vs_vllm_server.py [--quick] [--rounds 3] [--requests 64] [--out r.json]
     # part 2 for sparkgate alone, on a full run's capacity and SLO, its fair share changed:
     .venv/bin/python benchmarks/vs_vllm_server.py --overload-only 6.0,0.5,0.0458 --fair-share '{"idle_s": 3}'
+    # the TTFT the gateway adds over the engine, a git ref's gateway beside the working tree's:
+    .venv/bin/python benchmarks/vs_vllm_server.py --systems direct,sparkgate@cf78869,sparkgate \
+        --max-tokens 1 --rounds 3 --requests 128 --skip-overload
 
 The same engine settings (config/default.yaml's first model) four ways:
   (a) direct: `VllmLocalEngine` (AsyncLLM) in this process, prompt pre-tokenized: the limit;
@@ -14,14 +17,19 @@ The same engine settings (config/default.yaml's first model) four ways:
       admission, routing and prompt normalization on;
   (c) vllm: `python -m vllm.entrypoints.openai.api_server` (the CPU build in .venv), --api-key;
   (d) litellm: LiteLLM's proxy in front of (c), its master key and the deployment's rpm/tpm
-      limits (virtual keys need a Postgres database).
+      limits (virtual keys need a Postgres database);
+  and sparkgate@REF: (b) as of a git ref (exported with `git archive`, as overhead.py and
+      traffic_drift.py do: benchmarks/gateway_process.py), for a change's before and after in
+      one run; part 1 only (with --skip-overload).
 
 Part 1, closed loop: concurrency 1, 8 and 32, streaming and not, 1-token and 64-token answers
-(ignore_eos, so every answer has exactly that many tokens: a shorter one is an error). Each
-round runs every cell for every system (the systems' order rotates per round) so the machine's
-drift hits all alike; medians over rounds. TTFT: to the first content chunk (not streaming:
-the whole response). Server CPU: the front process's user+system time per request (the
-engine core, a child process, is not counted; for (d) LiteLLM's and (c)'s together).
+(--max-tokens; ignore_eos, so every answer has exactly that many tokens: a shorter one is an
+error). Each round runs every cell for every system (the systems' order rotates per round) so
+the machine's drift hits all alike; medians over rounds. TTFT: to the first content chunk (not
+streaming: the whole response); with (a) in the run, a last table gives each HTTP system's TTFT
+p50 less (a)'s: the TTFT it adds over the engine. Server CPU: the front process's user+system
+time per request (the engine core, a child process, is not counted; for (d) LiteLLM's and (c)'s
+together).
 
 Part 2, overload (b, c, d): open-loop Poisson arrivals at 4x what (a) sustains (streaming,
 64-token answers, concurrency 32), from a heavy user (15/16 of it) and a light user (1/16);
@@ -81,6 +89,20 @@ STARTUP_TIMEOUT_S = 600
 
 def log(msg: str) -> None:
     print(f"[vs {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_systems(text: str) -> list[str]:
+    """--systems, in a fixed order: direct, each sparkgate@REF as given, then the rest of SYSTEMS."""
+    asked = [s for s in text.split(",") if s]
+    unknown = [s for s in asked if s not in SYSTEMS and not (s.startswith("sparkgate@") and len(s) > 10)]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown systems {unknown}: expected {', '.join(SYSTEMS)} or sparkgate@REF")
+    refs = list(dict.fromkeys(s for s in asked if s.startswith("sparkgate@")))
+    return [s for s in SYSTEMS[:1] if s in asked] + refs + [s for s in SYSTEMS[1:] if s in asked]
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
 
 
 def default_config() -> dict[str, Any]:
@@ -381,7 +403,7 @@ class Http(Target):
         return finish(r, t0, first, last, stream)
 
     async def preemptions(self) -> int:
-        if self.name == "sparkgate":
+        if self.name.startswith("sparkgate"):
             async with self.session.get(
                 f"{self.base}/sparkgate/stats", headers={"Authorization": f"Bearer {KEY}"}
             ) as resp:
@@ -480,7 +502,7 @@ async def closed_loop(t: Target, concurrency: int, stream: bool, max_tokens: int
     )
 
 
-async def sweep(targets: list[Target], rounds: int, requests: int) -> list[Cell]:
+async def sweep(targets: list[Target], rounds: int, requests: int, max_tokens: Sequence[int]) -> list[Cell]:
     cells: list[Cell] = []
     for t in targets:  # warm-up: both kinds of response once each
         for stream in (False, True):
@@ -491,7 +513,7 @@ async def sweep(targets: list[Target], rounds: int, requests: int) -> list[Cell]
         order = targets[rnd % len(targets) :] + targets[: rnd % len(targets)]
         for conc in CONCURRENCY:
             for stream in (False, True):
-                for mt in MAX_TOKENS:
+                for mt in max_tokens:
                     n = max(requests, 2 * conc)
                     for t in order:
                         c = await closed_loop(t, conc, stream, mt, n, rnd)
@@ -518,10 +540,11 @@ def med(xs: list[float | None]) -> float | None:
 
 
 def report_sweep(cells: list[Cell], systems: list[str]) -> str:
+    max_tokens = sorted({c.max_tokens for c in cells})
     rows = []
     for conc in CONCURRENCY:
         for stream in (False, True):
-            for mt in MAX_TOKENS:
+            for mt in max_tokens:
                 group = [c for c in cells if (c.concurrency, c.stream, c.max_tokens) == (conc, stream, mt)]
                 base = med([c.rps for c in group if c.system == "direct"])
                 for s in systems:
@@ -557,12 +580,20 @@ def report_sweep(cells: list[Cell], systems: list[str]) -> str:
         "server CPU ms/req",
         "errors",
     ]
-    out = [table(header, rows), ""]
-    # The goal's two ratios: sparkgate / vLLM server at every point, and at max_tokens=1.
+    out = [table(header, rows)]
+    if "vllm" in systems:
+        out += ["", vllm_ratios(cells, systems, max_tokens)]
+    if "direct" in systems and len(systems) > 1:
+        out += ["", added_ttft(cells, [s for s in systems if s != "direct"], max_tokens)]
+    return "\n".join(out)
+
+
+def vllm_ratios(cells: list[Cell], systems: list[str], max_tokens: list[int]) -> str:
+    """The goal's two ratios: sparkgate / vLLM server at every point, and at max_tokens=1."""
     ratio_rows = []
     for conc in CONCURRENCY:
         for stream in (False, True):
-            for mt in MAX_TOKENS:
+            for mt in max_tokens:
                 group = [c for c in cells if (c.concurrency, c.stream, c.max_tokens) == (conc, stream, mt)]
                 per = {s: med([c.rps for c in group if c.system == s]) for s in systems}
                 sg, vl, ll = per.get("sparkgate"), per.get("vllm"), per.get("litellm")
@@ -575,8 +606,25 @@ def report_sweep(cells: list[Cell], systems: list[str]) -> str:
                         f"{ll / vl:.2f}" if ll and vl else "-",
                     ]
                 )
-    out.append(table(["conc", "stream", "max_tokens", "sparkgate / vllm req/s", "litellm / vllm req/s"], ratio_rows))
-    return "\n".join(out)
+    return table(["conc", "stream", "max_tokens", "sparkgate / vllm req/s", "litellm / vllm req/s"], ratio_rows)
+
+
+def added_ttft(cells: list[Cell], systems: list[str], max_tokens: list[int]) -> str:
+    """Each system's TTFT p50 less direct's (medians over rounds): what it adds over the engine
+    (not streaming, the whole answer: for max_tokens 1 that is the first token too)."""
+    rows = []
+    for stream in (True, False):
+        for mt in max_tokens:
+            for conc in CONCURRENCY:
+                group = [c for c in cells if (c.concurrency, c.stream, c.max_tokens) == (conc, stream, mt)]
+                base = med([c.ttft_p50_s for c in group if c.system == "direct"])
+                row = [str(conc), "yes" if stream else "no", str(mt), fmt_ms(base)]
+                for s in systems:
+                    mine = med([c.ttft_p50_s for c in group if c.system == s])
+                    row.append("-" if mine is None or base is None else f"{(mine - base) * 1e3:+.1f}")
+                rows.append(row)
+    header = ["conc", "stream", "max_tokens", "direct TTFT p50 ms"] + [f"{s} added ms" for s in systems]
+    return "TTFT p50 added over direct (the engine in-process):\n\n" + table(header, rows)
 
 
 # -- part 2: overload ---------------------------------------------------------------------------
@@ -780,7 +828,8 @@ def overload_figures(text: str) -> tuple[float, float, float]:
 async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bool]:
     model = engine_model()
     name = model["name"]
-    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    systems: list[str] = args.systems
+    refs = [s for s in systems if s.startswith("sparkgate@")]
     results: dict[str, Any] = {"model": model, "systems": systems, "loadavg_start": os.getloadavg()}
     failed = False
     with contextlib.ExitStack() as stack:
@@ -803,6 +852,14 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
             starts.append(asyncio.to_thread(enter, "sparkgate", launch(cfg_path, tmp / "sparkgate.log", sg_port)))
         if "litellm" in systems:
             starts.append(asyncio.to_thread(enter, "litellm", litellm_server(name, vllm_port, tmp)))
+        ref_ports = {s: free_port() for s in refs}
+        for s, port in ref_ports.items():
+            ref = s.partition("@")[2]
+            ref_cfg = tmp / f"sparkgate-{ref.replace('/', '_').replace('~', '-')}.yaml"
+            ref_cfg.write_text(yaml.safe_dump(sparkgate_config(model, port, {})))
+            log(f"{s}: exporting {ref} and starting its `sparkgate serve --config {ref_cfg}`")
+            cm = launch(ref_cfg, tmp / f"{ref_cfg.stem}.log", port, ref=ref, startup_timeout_s=STARTUP_TIMEOUT_S)
+            starts.append(asyncio.to_thread(enter, s, cm))
         try:
             log("direct: starting the engine in this process")
             outcomes = await asyncio.gather(*starts, return_exceptions=True)
@@ -813,6 +870,8 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
                 targets.append(direct)
             http: list[Http] = []
             vllm_pid = entered["vllm"][1] if "vllm" in entered else 0
+            for s, port in ref_ports.items():
+                http.append(Http(s, port, (entered[s].pid,), name, {"heavy": KEY, "light": LIGHT_KEY}))
             if "sparkgate" in systems:
                 gw = entered["sparkgate"]
                 http.append(Http("sparkgate", sg_port, (gw.pid,), name, {"heavy": KEY, "light": LIGHT_KEY}))
@@ -825,7 +884,7 @@ async def amain(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Any], bo
                 h.preempt_url = f"http://127.0.0.1:{vllm_port}/metrics"
             targets += http
             try:
-                cells = await sweep(targets, args.rounds, args.requests)
+                cells = await sweep(targets, args.rounds, args.requests, args.max_tokens)
                 results["sweep"] = [asdict(c) for c in cells]
                 print("## Part 1: closed loop, medians over rounds\n", flush=True)
                 print(report_sweep(cells, [t.name for t in targets]), flush=True)
@@ -898,7 +957,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="rounds of the closed-loop sweep (default 3; --quick 1)")
     ap.add_argument("--requests", type=int, help="requests per cell, at least 2x the concurrency (default 64)")
     ap.add_argument("--window", type=float, help="overload arrival window, seconds (default 30; --quick 8)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="a subset of " + ",".join(SYSTEMS))
+    ap.add_argument(
+        "--systems",
+        type=parse_systems,
+        default=",".join(SYSTEMS),
+        help="a subset of " + ",".join(SYSTEMS) + ", and sparkgate@REF: the gateway as of a git ref",
+    )
+    ap.add_argument(
+        "--max-tokens",
+        type=int_list,
+        default=MAX_TOKENS,
+        help="the sweep's answer lengths (default 1,64; part 2 needs 64)",
+    )
     ap.add_argument("--skip-overload", action="store_true")
     ap.add_argument(
         "--overload-only",
@@ -914,6 +984,11 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, help="write the raw results (JSON) here")
     args = ap.parse_args()
+    if not (args.skip_overload or args.overload_only):
+        if any(s.startswith("sparkgate@") for s in args.systems):
+            ap.error("sparkgate@REF runs in part 1 only: add --skip-overload")
+        if OVERLOAD_TOKENS not in args.max_tokens:
+            ap.error(f"part 2 takes its capacity from the {OVERLOAD_TOKENS}-token cells: add them or --skip-overload")
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.requests = args.requests or (8 if args.quick else 64)
     args.window = args.window or (8.0 if args.quick else 30.0)
