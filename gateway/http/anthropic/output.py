@@ -2,7 +2,8 @@
 server-sent events the official SDKs parse.
 
 The output is read with the job's `TurnParser` (gateway/text/assistant.py); its events
-become content blocks, one open at a time:
+become content blocks, one open at a time (the state machine Responses shares,
+gateway/http/blocks.py):
 
     ReasoningDelta  -> a `thinking` block (its text left out under `display: omitted`)
     ContentDelta    -> a `text` block
@@ -25,34 +26,31 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from engine_adapter.base import EngineChunk
+from gateway.http.blocks import Block, OneOpen, TextKind
 from gateway.http.sse import sse
 from gateway.http.tally import Tally
 from gateway.job import Job
-from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
+from gateway.text.assistant import ToolCallStart, TurnParser
 
 log = logging.getLogger(__name__)
 
-BlockKind = Literal["text", "thinking", "tool_use"]
 SIGNATURE = ""  # thinking is not signed here: a client sends it back as it got it
 
 
 @dataclass
-class _Block:
-    kind: BlockKind
-    index: int
-    text: str = ""  # a text's or thinking's text, a tool_use's input JSON
+class _Block(Block):
     id: str = ""
     name: str = ""
 
     def body(self, *, shown: bool = True) -> dict[str, Any]:
-        if self.kind == "text":
+        if self.kind == "content":
             return {"type": "text", "text": self.text}
-        if self.kind == "thinking":
+        if self.kind == "reasoning":
             return {"type": "thinking", "thinking": self.text if shown else "", "signature": SIGNATURE}
         try:
             call_input = json.loads(self.text) if self.text else {}
@@ -61,74 +59,52 @@ class _Block:
         return {"type": "tool_use", "id": self.id, "name": self.name, "input": call_input}
 
 
-class Blocks:
+class Blocks(OneOpen[_Block]):
     """Parser events -> content blocks (`content`, closed ones) and the stream events that
-    build them (returned by `apply` and `close`)."""
+    build them (returned by `apply` and `close`): `thinking`, `text` and `tool_use` blocks."""
 
     def __init__(self, *, thinking_shown: bool) -> None:
-        self.content: list[dict[str, Any]] = []
+        super().__init__()
         self.shown = thinking_shown
         self.tool_calls = 0
-        self._open: _Block | None = None
 
-    def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for e in events:
-            if isinstance(e, ReasoningDelta | ContentDelta):
-                if not e.text:
-                    continue
-                kind: BlockKind = "thinking" if isinstance(e, ReasoningDelta) else "text"
-                block = self._text_block(kind, out)
-                block.text += e.text
-                if kind == "text":
-                    delta = {"type": "text_delta", "text": e.text}
-                elif self.shown:
-                    delta = {"type": "thinking_delta", "thinking": e.text}
-                else:
-                    continue
-                out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
-            elif isinstance(e, ToolCallStart):
-                self._close(out)
-                self.tool_calls += 1
-                block = self._open = _Block("tool_use", len(self.content), id=_tool_use_id(e.id), name=e.name)
-                start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
-                out.append({"type": "content_block_start", "index": block.index, "content_block": start})
-            elif isinstance(e, ToolCallArgs):
-                if self._open is None or self._open.kind != "tool_use" or not e.delta:
-                    continue
-                self._open.text += e.delta
-                delta = {"type": "input_json_delta", "partial_json": e.delta}
-                out.append({"type": "content_block_delta", "index": self._open.index, "delta": delta})
-            elif self._open is not None and self._open.kind == "tool_use":  # ToolCallEnd
-                self._open.text = e.arguments
-                self._close(out)
-        return out
+    @property
+    def content(self) -> list[dict[str, Any]]:
+        return self.closed
 
-    def close(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        self._close(out)
-        return out
-
-    def _text_block(self, kind: BlockKind, out: list[dict[str, Any]]) -> _Block:
-        if self._open is not None and self._open.kind == kind:
-            return self._open
-        self._close(out)
-        block = self._open = _Block(kind, len(self.content))
+    def _start_text(self, kind: TextKind, index: int, out: list[dict[str, Any]]) -> _Block:
         start = (
-            {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+            {"type": "text", "text": ""} if kind == "content" else {"type": "thinking", "thinking": "", "signature": ""}
         )
-        out.append({"type": "content_block_start", "index": block.index, "content_block": start})
+        out.append({"type": "content_block_start", "index": index, "content_block": start})
+        return _Block(kind, index)
+
+    def _text_delta(self, block: _Block, text: str, out: list[dict[str, Any]]) -> None:
+        if block.kind == "content":
+            delta = {"type": "text_delta", "text": text}
+        elif self.shown:
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            return
+        out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
+
+    def _start_call(self, e: ToolCallStart, index: int, out: list[dict[str, Any]]) -> _Block:
+        self.tool_calls += 1
+        block = _Block("call", index, id=_tool_use_id(e.id), name=e.name)
+        start = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+        out.append({"type": "content_block_start", "index": index, "content_block": start})
         return block
 
-    def _close(self, out: list[dict[str, Any]]) -> None:
-        block, self._open = self._open, None
-        if block is None:
-            return
-        if block.kind == "thinking":
+    def _call_delta(self, block: _Block, delta: str, out: list[dict[str, Any]]) -> None:
+        json_delta = {"type": "input_json_delta", "partial_json": delta}
+        out.append({"type": "content_block_delta", "index": block.index, "delta": json_delta})
+
+    def _stop(self, block: _Block, status: str, out: list[dict[str, Any]]) -> dict[str, Any]:
+        if block.kind == "reasoning":
             delta = {"type": "signature_delta", "signature": SIGNATURE}
             out.append({"type": "content_block_delta", "index": block.index, "delta": delta})
         out.append({"type": "content_block_stop", "index": block.index})
-        self.content.append(block.body(shown=self.shown))
+        return block.body(shown=self.shown)
 
 
 def _tool_use_id(call_id: str) -> str:

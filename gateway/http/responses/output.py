@@ -2,7 +2,8 @@
 server-sent events (`event: <type>\\ndata: <json>\\n\\n`, each with a `sequence_number`).
 
 The output text is read with the job's `TurnParser` (gateway/text/assistant.py); its
-events become output items, one open at a time:
+events become output items, one open at a time (the state machine Messages shares,
+gateway/http/blocks.py):
 
     ReasoningDelta   -> a `reasoning` item: its text as `reasoning_text` content, and as
                         its one `summary_text` when the request asks for a summary
@@ -38,30 +39,23 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine_adapter.base import EngineChunk
 from gateway.errors import GatewayError
+from gateway.http.blocks import Block, OneOpen, TextKind
 from gateway.http.responses.schemas import encode_reasoning
 from gateway.http.responses.translate import CUSTOM_INPUT, ToolRef, output_messages
 from gateway.http.sse import new_id, sse
 from gateway.http.tally import Tally
 from gateway.job import Job
-from gateway.text.assistant import (
-    ContentDelta,
-    Event,
-    ReasoningDelta,
-    ToolCallArgs,
-    ToolCallStart,
-    TurnParser,
-)
+from gateway.text.assistant import ToolCallStart, TurnParser
 
 log = logging.getLogger(__name__)
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
-ItemKind = Literal["message", "reasoning", "function_call", "custom_tool_call"]
 # Stores a finished response object with the conversation that continues it.
 Save = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
 
@@ -154,20 +148,19 @@ def custom_input(arguments: str) -> str:
 
 
 @dataclass
-class _Open:
-    kind: ItemKind
-    id: str
-    index: int  # output_index
-    text: str = ""  # a message's or reasoning's text, a call's arguments
+class _Open(Block):
+    id: str = ""
     call_id: str = ""
     name: str = ""
     namespace: str | None = None
+    custom: bool = False  # a custom tool's call (its input streams as text), not a function's
     sent: str = ""  # a custom tool call's input, as streamed so far
 
 
-class OutputItems:
+class OutputItems(OneOpen[_Open]):
     """Parser events -> output items (`output`, closed ones) and the stream events that
-    build them (returned by `apply` and `close`, without their sequence numbers)."""
+    build them (returned by `apply` and `close`, without their sequence numbers):
+    `reasoning`, `message`, `function_call` and `custom_tool_call` items."""
 
     def __init__(
         self,
@@ -176,112 +169,85 @@ class OutputItems:
         tools: Mapping[str, ToolRef] | None = None,
         encrypted: bool = False,
     ) -> None:
-        self.output: list[dict[str, Any]] = []
+        super().__init__()
         self.summary = summary  # reasoning as its summary too
         self.tools = tools or {}  # the chat tool names that stand for custom or namespaced tools
         self.encrypted = encrypted  # reasoning items carry encrypted_content
-        self._open: _Open | None = None
 
-    def apply(self, events: Iterable[Event]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for e in events:
-            if isinstance(e, ReasoningDelta | ContentDelta):
-                if not e.text:
-                    continue
-                kind: ItemKind = "reasoning" if isinstance(e, ReasoningDelta) else "message"
-                item = self._text_item(kind, out)
-                item.text += e.text
-                where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
-                if kind == "message":
-                    out.append({"type": "response.output_text.delta", **where, "delta": e.text, "logprobs": []})
-                else:
-                    out.append({"type": "response.reasoning_text.delta", **where, "delta": e.text})
-                    if self.summary:
-                        summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
-                        out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": e.text})
-            elif isinstance(e, ToolCallStart):
-                self._close(out, "completed")
-                out.append(self._start_call(e))
-            elif isinstance(e, ToolCallArgs):
-                if self._open is None or self._open.kind not in ("function_call", "custom_tool_call") or not e.delta:
-                    continue
-                item = self._open
-                item.text += e.delta
-                where = {"item_id": item.id, "output_index": item.index}
-                if item.kind == "function_call":
-                    out.append({"type": "response.function_call_arguments.delta", **where, "delta": e.delta})
-                    continue
-                text = input_so_far(item.text)
-                if len(text) > len(item.sent) and text.startswith(item.sent):
-                    delta, item.sent = text[len(item.sent) :], text
-                    out.append({"type": "response.custom_tool_call_input.delta", **where, "delta": delta})
-            elif self._open is not None and self._open.kind in ("function_call", "custom_tool_call"):  # ToolCallEnd
-                self._open.text = e.arguments
-                self._close(out, "completed")
-        return out
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        return self.closed
 
-    def _start_call(self, e: ToolCallStart) -> dict[str, Any]:
-        """Open the item of a call: a function call, or a custom tool's; named as the client named it."""
-        ref = self.tools.get(e.name) or ToolRef("function", e.name)
-        index = len(self.output)
-        if ref.kind == "custom":
-            item = self._open = _Open("custom_tool_call", new_id("ctc"), index, call_id=e.id, name=ref.name)
-            added = custom_call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
-        else:
-            item = self._open = _Open("function_call", new_id("fc"), index, call_id=e.id, name=ref.name)
-            added = call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
-        item.namespace = ref.namespace
-        return {"type": "response.output_item.added", "output_index": index, "item": added}
-
-    def close(self, status: str) -> list[dict[str, Any]]:
-        """Close the open item, if any (`incomplete` when the output was cut short)."""
-        out: list[dict[str, Any]] = []
-        self._close(out, status)
-        return out
-
-    def _text_item(self, kind: ItemKind, out: list[dict[str, Any]]) -> _Open:
-        if self._open is not None and self._open.kind == kind:
-            return self._open
-        self._close(out, "completed")
-        item = self._open = _Open(kind, new_id("msg" if kind == "message" else "rs"), len(self.output))
+    def _start_text(self, kind: TextKind, index: int, out: list[dict[str, Any]]) -> _Open:
+        item = _Open(kind, index, id=new_id("msg" if kind == "content" else "rs"))
         added = (
             message_item(item.id, None, "in_progress")
-            if kind == "message"
+            if kind == "content"
             else reasoning_item(item.id, None, "in_progress")
         )
-        out.append({"type": "response.output_item.added", "output_index": item.index, "item": added})
+        out.append({"type": "response.output_item.added", "output_index": index, "item": added})
         out.append(
             {
                 "type": "response.content_part.added",
                 "item_id": item.id,
-                "output_index": item.index,
+                "output_index": index,
                 "content_index": 0,
                 "part": _part(kind, ""),
             }
         )
         if kind == "reasoning" and self.summary:
             part = {"type": "summary_text", "text": ""}
-            where = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+            where = {"item_id": item.id, "output_index": index, "summary_index": 0}
             out.append({"type": "response.reasoning_summary_part.added", **where, "part": part})
         return item
 
-    def _close(self, out: list[dict[str, Any]], status: str) -> None:
-        item, self._open = self._open, None
-        if item is None:
+    def _text_delta(self, item: _Open, text: str, out: list[dict[str, Any]]) -> None:
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        if item.kind == "content":
+            out.append({"type": "response.output_text.delta", **where, "delta": text, "logprobs": []})
             return
+        out.append({"type": "response.reasoning_text.delta", **where, "delta": text})
+        if self.summary:
+            summary = {"item_id": item.id, "output_index": item.index, "summary_index": 0}
+            out.append({"type": "response.reasoning_summary_text.delta", **summary, "delta": text})
+
+    def _start_call(self, e: ToolCallStart, index: int, out: list[dict[str, Any]]) -> _Open:
+        """Open the item of a call: a function call, or a custom tool's; named as the client named it."""
+        ref = self.tools.get(e.name) or ToolRef("function", e.name)
+        custom = ref.kind == "custom"
+        item = _Open("call", index, id=new_id("ctc" if custom else "fc"), call_id=e.id, name=ref.name, custom=custom)
+        if custom:
+            added = custom_call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
+        else:
+            added = call_item(item.id, e.id, ref.name, "", "in_progress", ref.namespace)
+        item.namespace = ref.namespace
+        out.append({"type": "response.output_item.added", "output_index": index, "item": added})
+        return item
+
+    def _call_delta(self, item: _Open, delta: str, out: list[dict[str, Any]]) -> None:
+        where = {"item_id": item.id, "output_index": item.index}
+        if not item.custom:
+            out.append({"type": "response.function_call_arguments.delta", **where, "delta": delta})
+            return
+        text = input_so_far(item.text)
+        if len(text) > len(item.sent) and text.startswith(item.sent):
+            sent, item.sent = text[len(item.sent) :], text
+            out.append({"type": "response.custom_tool_call_input.delta", **where, "delta": sent})
+
+    def _stop(self, item: _Open, status: str, out: list[dict[str, Any]]) -> dict[str, Any]:
         where = {"item_id": item.id, "output_index": item.index}
         text = item.text
-        if item.kind == "function_call":
+        if item.kind == "call" and not item.custom:
             out.append({"type": "response.function_call_arguments.done", **where, "arguments": text})
             done = call_item(item.id, item.call_id, item.name, text, status, item.namespace)
-        elif item.kind == "custom_tool_call":
+        elif item.kind == "call":
             text = custom_input(text)
             out.append({"type": "response.custom_tool_call_input.done", **where, "input": text})
             done = custom_call_item(item.id, item.call_id, item.name, text, status, item.namespace)
-        elif item.kind == "message":
+        elif item.kind == "content":
             out.append({"type": "response.output_text.done", **where, "content_index": 0, "text": text, "logprobs": []})
             out.append(
-                {"type": "response.content_part.done", **where, "content_index": 0, "part": _part("message", text)}
+                {"type": "response.content_part.done", **where, "content_index": 0, "part": _part("content", text)}
             )
             done = message_item(item.id, text, status)
         else:
@@ -295,11 +261,11 @@ class OutputItems:
                 out.append({"type": "response.reasoning_summary_part.done", **summary, "part": part})
             done = reasoning_item(item.id, text, status, summary=self.summary, encrypted=self.encrypted)
         out.append({"type": "response.output_item.done", "output_index": item.index, "item": done})
-        self.output.append(done)
+        return done
 
 
-def _part(kind: ItemKind, text: str) -> dict[str, Any]:
-    if kind == "message":
+def _part(kind: TextKind, text: str) -> dict[str, Any]:
+    if kind == "content":
         return {"type": "output_text", "text": text, "annotations": []}
     return {"type": "reasoning_text", "text": text}
 
