@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from gateway.app import create_app
-from gateway.lifecycle.job import Meter
+from gateway.job import Meter
 from gateway.logs import JsonFormatter
 from gateway.metrics import Metrics
 from gateway.settings import MetricsSettings, Settings
