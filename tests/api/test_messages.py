@@ -206,6 +206,10 @@ def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_app: Ap
     assert "max_tokens" in r.json()["error"]["message"]
     r = replay_app.http.post("/v1/messages", content=b"{not json", headers={"x-api-key": API_KEY})
     assert r.status_code == 400 and r.json()["type"] == "error"
+    # The lifecycle checks chat's `stop`: its error names the field Messages has.
+    with pytest.raises(anthropic.BadRequestError) as empty_stop:
+        client.messages.create(model=REPLAY, max_tokens=10, messages=ask("answer"), stop_sequences=["a", ""])
+    assert "Invalid 'stop_sequences': a stop sequence must not be empty." in empty_stop.value.message
 
 
 def test_bearer_and_x_api_key_and_the_base_url_answer(replay_app: App) -> None:

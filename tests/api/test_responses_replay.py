@@ -130,3 +130,14 @@ def test_a_tool_loop_through_previous_response_id(client: openai.OpenAI) -> None
     )
     assert third.output_text == recordings.ANSWER
     assert third.usage is not None and third.usage.input_tokens == second.usage.input_tokens
+
+
+def test_the_lifecycle_s_errors_name_the_fields_responses_has(client: openai.OpenAI) -> None:
+    """Its input becomes chat's `messages` and `max_output_tokens` chat's `max_tokens`: a refusal
+    names what the client sent."""
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.responses.create(model=REPLAY, input="hi", max_output_tokens=10**6)
+    assert too_long.value.code == "context_length_exceeded" and too_long.value.param == "input"
+    with pytest.raises(openai.BadRequestError) as n_bad:
+        client.responses.create(model=REPLAY, input="hi", max_output_tokens=0)
+    assert n_bad.value.param == "max_output_tokens"
