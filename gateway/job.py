@@ -15,13 +15,15 @@ from policies.load import RouteInfo
 
 @dataclass
 class Meter:
-    """What the engine really did for a job so far: the quota is settled with this."""
+    """What the engine really did for a job so far: the quota is settled with this, and the
+    usage an answer shows is read from it (one count, so the two cannot differ). The tokens
+    are counted as the chunks reach the encoders (gateway/lifecycle/generate.py)."""
 
     prompt_tokens: int = 0  # counted once a prompt is prefilled (its first output)
     sent_prompt_tokens: int = 0  # counted once a prompt is sent to the engine (its prefill starts)
     completion_tokens: int = 0
-    # For the request log (gateway/request_log.py): what the engine reported on the way.
-    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    # Also for the request log (gateway/request_log.py): what the engine reported on the way.
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache (per prompt, the most it said)
     reasoning_tokens: int = 0  # of the completion tokens, those inside think blocks (set by the encoder)
     first_output_at: float | None = None  # time.monotonic() of the first output token
     finish_reasons: list[str] = field(default_factory=list)  # one per finished choice

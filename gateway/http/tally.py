@@ -1,18 +1,23 @@
 """What a job's engine output added up to, for the surfaces that read one choice (Responses,
 Messages): prompt and output tokens, what the prefix cache held and what it keeps, and how
-the engine finished. Each surface writes it in its own usage shape."""
+the engine finished. Each surface writes it in its own usage shape.
+
+The token counts are the job's meter's (gateway/lifecycle/generate.py counts them; the quota
+is settled with them), read as each chunk is handled: an answer cut short shows what it had
+carried by then."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine_adapter.base import EngineChunk
-from gateway.job import Job
+from gateway.job import Job, Meter
 from policies import prefix
 
 
 @dataclass
 class Tally:
+    meter: Meter
     prompt_tokens: int
     cacheable_tokens: int  # the prompt's whole blocks: what the prefix cache keeps of it
     cached_tokens: int = 0
@@ -25,12 +30,12 @@ class Tally:
         prompt = len(job.prompts[0])
         served = job.served
         cacheable = prefix.cacheable_tokens(prompt, served.engine.kv_spec.block_size)
-        return cls(prompt, cacheable if served.settings.enable_prefix_caching else 0)
+        return cls(job.meter, prompt, cacheable if served.settings.enable_prefix_caching else 0)
 
     def observe(self, chunk: EngineChunk) -> None:
-        self.cached_tokens = max(self.cached_tokens, chunk.num_cached_tokens)
+        """A chunk is handled (the meter has counted it already)."""
+        self.cached_tokens, self.output_tokens = self.meter.cached_tokens, self.meter.completion_tokens
         for c in chunk.choices:
-            self.output_tokens += len(c.token_ids)
             if c.finish_reason is not None:
                 self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
 

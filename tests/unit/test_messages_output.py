@@ -15,6 +15,7 @@ from gateway.errors import from_exception
 from gateway.http.anthropic import errors as anthropic_errors
 from gateway.http.anthropic.output import MessageEncoder
 from gateway.job import Meter
+from gateway.lifecycle.generate import metered
 from gateway.text.assistant import TurnSpec
 
 
@@ -47,7 +48,8 @@ def events(lines: list[str]) -> list[dict[str, Any]]:
 
 
 async def collect(encoder: MessageEncoder, j: Any, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> list[str]:
-    return [line async for line in encoder.stream(j, chunks)]
+    """The stream's lines; the chunks are metered on the way, as when serving (the usage is the meter's)."""
+    return [line async for line in encoder.stream(j, metered(j, chunks))]
 
 
 def test_a_stream_ends_with_the_stop_reason_and_usage() -> None:
@@ -90,7 +92,7 @@ def test_an_engine_death_mid_stream_is_an_error_event() -> None:
         raise EngineUnavailable("engine m died")
 
     async def run() -> None:
-        async for line in MessageEncoder(model="m").stream(j, chunks()):
+        async for line in MessageEncoder(model="m").stream(j, metered(j, chunks())):
             seen.append(line)
 
     with pytest.raises(EngineUnavailable) as died:

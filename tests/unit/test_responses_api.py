@@ -21,6 +21,7 @@ from gateway.http.responses.output import OutputItems, ResponseEncoder
 from gateway.http.responses.schemas import ResponsesRequest, parse
 from gateway.http.responses.translate import output_messages, to_messages, translate
 from gateway.job import Meter
+from gateway.lifecycle.generate import metered
 from gateway.responses_store import MemoryResponseStore, StoredResponse
 from gateway.text.assistant import (
     ContentDelta,
@@ -315,12 +316,12 @@ def encoder(saved: list[Any]) -> ResponseEncoder:
 
 def stream_events(enc: ResponseEncoder, job: Any, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> list[Any]:
     """The stream's events; an error ends it with the encoder's `stream_error`, as the lifecycle
-    calls it (gateway/lifecycle/run.py)."""
+    calls it (gateway/lifecycle/run.py). The chunks are metered on the way, as when serving."""
 
     async def collect() -> list[str]:
         lines = []
         try:
-            async for line in enc.stream(job, chunks):
+            async for line in enc.stream(job, metered(job, chunks)):
                 lines.append(line)
         except Exception as e:
             lines.append(enc.stream_error(from_exception(e)))
@@ -381,7 +382,8 @@ def test_complete_body_parses_with_the_sdk() -> None:
     saved: list[Any] = []
     call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     turn = TurnSpec(tool_format="hermes", tools={"weather": WEATHER})
-    body = asyncio.run(encoder(saved).complete(fake_job(turn), chunks_of(["Sure.\n", call], "stop")))
+    job = fake_job(turn)
+    body = asyncio.run(encoder(saved).complete(job, metered(job, chunks_of(["Sure.\n", call], "stop"))))
     r = Response.model_validate(body)  # strictly: every field the SDK requires is there
     assert r.object == "response" and r.status == "completed" and r.model == "tiny"
     message, fc = r.output

@@ -24,6 +24,7 @@ from gateway.http.responses.output import OutputItems, ResponseEncoder, custom_i
 from gateway.http.responses.schemas import ResponsesRequest, parse
 from gateway.http.responses.translate import force_custom, output_messages, translate
 from gateway.job import Meter
+from gateway.lifecycle.generate import metered
 from gateway.text.assistant import (
     ContentDelta,
     Event,
@@ -487,7 +488,9 @@ def test_a_codex_turn_end_to_end_through_the_encoder() -> None:
         '<tool_call>\n{"name": "agents__spawn_agent", "arguments": {"task": "t"}}\n</tool_call>'
     )
     spec = TurnSpec(reasoning="maybe", tool_format="hermes", tools=t.chat.function_tools)
-    body = asyncio.run(enc.complete(fake_job(spec), chunks_of([calls[i : i + 7] for i in range(0, len(calls), 7)])))
+    job = fake_job(spec)
+    pieces = [calls[i : i + 7] for i in range(0, len(calls), 7)]
+    body = asyncio.run(enc.complete(job, metered(job, chunks_of(pieces))))
     resp = Response.model_validate(body)
     reasoning, patch, spawn = resp.output
     assert reasoning.type == "reasoning" and reasoning.encrypted_content is not None

@@ -27,20 +27,22 @@ log = logging.getLogger(__name__)
 class _Accounting:
     """Usage across a job's prompts (prompt tokens once per prompt, not per
     choice), and what an echo needs: the prompt's logprobs arrive once per
-    prompt, while each of its n choices echoes them."""
+    prompt, while each of its n choices echoes them.
+
+    The output and cached tokens are the job's meter's (gateway/lifecycle/generate.py counts
+    them, the quota is settled with them), read as each chunk is handled."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.cached = [0] * len(job.prompts)
         self.prompt_logprobs: list[tuple[Any, ...] | None] = [None] * len(job.prompts)
         self.usage = Usage(prompt_tokens=sum(len(p) for p in job.prompts))
         self._token_texts: dict[int, list[str]] = {}
         self._texts: dict[int, str] = {}
 
     def observe(self, prompt_index: int, chunk: EngineChunk) -> None:
-        self.cached[prompt_index] = max(self.cached[prompt_index], chunk.num_cached_tokens)
-        self.usage.completion_tokens += sum(len(c.token_ids) for c in chunk.choices)
-        self.usage.cached_tokens = sum(self.cached)
+        """A chunk is handled (the meter has counted it already)."""
+        meter = self.job.meter
+        self.usage.completion_tokens, self.usage.cached_tokens = meter.completion_tokens, meter.cached_tokens
         if chunk.prompt_logprobs and self.prompt_logprobs[prompt_index] is None:
             self.prompt_logprobs[prompt_index] = chunk.prompt_logprobs
 
@@ -201,7 +203,7 @@ async def stream(job: Job, chunks: AsyncIterator[tuple[int, EngineChunk]]) -> As
         return sse(body | top if top else body)
 
     async for i, chunk in chunks:
-        shown = acct.usage.completion_tokens  # the count the frames so far carried
+        shown = acct.usage.completion_tokens  # the count the frames so far carried (the meter's, before this chunk)
         acct.observe(i, chunk)
         frames: list[str] = []
         out: list[dict[str, Any]] = []
