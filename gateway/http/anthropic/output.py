@@ -25,7 +25,6 @@ the quota is charged for, which `count_tokens` returns.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +35,6 @@ from gateway.http.sse import sse
 from gateway.http.tally import Tally
 from gateway.job import Job
 from gateway.text.assistant import ToolCallStart, TurnParser
-
-log = logging.getLogger(__name__)
 
 SIGNATURE = ""  # thinking is not signed here: a client sends it back as it got it
 

@@ -7,7 +7,6 @@ the stream started is sent as an `error` event (the status line is gone).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -20,8 +19,6 @@ from gateway.job import Job
 from gateway.text import assistant
 from gateway.text.assistant import ContentDelta, Event, ReasoningDelta, ToolCallArgs, ToolCallStart, TurnParser
 from policies import tokens
-
-log = logging.getLogger(__name__)
 
 
 class _Accounting:

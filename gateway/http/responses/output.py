@@ -36,7 +36,6 @@ error after the stream started is an `error` event, then `response.failed`.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -52,8 +51,6 @@ from gateway.http.sse import new_id, sse
 from gateway.http.tally import Tally
 from gateway.job import Job
 from gateway.text.assistant import ToolCallStart, TurnParser
-
-log = logging.getLogger(__name__)
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 # Stores a finished response object with the conversation that continues it.
