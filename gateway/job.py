@@ -38,7 +38,7 @@ class Meter:
 class Job:
     """A validated request, tokenized once, ready for its engine."""
 
-    kind: Literal["chat", "completion", "responses"]
+    kind: Literal["chat", "completion"]  # what it asks of the model; which API asked is its Surface
     id: str
     created: int
     served: ServedModel
