@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gateway.text.formats import ReasoningParser, ToolParser
 from gateway.vllm_versions import FeatureName, Version, lacks, parse
 from policies.fair import DEFAULT_IDLE_S, DEFAULT_RESERVE_SLOTS, FairShare
+from policies.images import ImageLimits
 from policies.known_issues import ISSUE_IDS, unknown_issues
 from policies.kv import cdiv, request_state_blocks
 from policies.memory_plan import KvBlocks, MemoryPlan, ModelMemory, PlanDoesNotFit, PleTable, plan_memory
@@ -335,6 +336,27 @@ class VllmServerSettings(_Model):
     read_timeout_s: float = Field(300.0, gt=1)
 
 
+class ImageSettings(_Model):
+    """The images one request may send a model (docs: the API page's images section)."""
+
+    # Whether the model takes images. None: as its config says (a `vision_config`, and vLLM not
+    # started `language_model_only`); false: every image gets 400 naming the model.
+    enabled: bool | None = None
+    max_images: int = Field(8, ge=0)  # images in one request (more: 400 too_many_images)
+    # Pixels of one image as sent, width x height (more: 400 image_too_large, before it is decoded).
+    max_pixels: int = Field(16_777_216, ge=1)
+    max_bytes: int = 20 * 1024 * 1024  # one image's encoded bytes, or a size ("20MiB"; more: 413)
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_bytes(v)
+
+    @property
+    def limits(self) -> ImageLimits:
+        return ImageLimits(max_images=self.max_images, max_pixels=self.max_pixels, max_bytes=self.max_bytes)
+
+
 class PleTableSettings(_Model):
     """A per-layer n-gram embedding table (Qwen4Exp's PLE, Qwen3.8-Flash-Next: 320,001,536 x 160
     = 51.2B parameters, 95.37 GiB BF16, 47.68 GiB FP8). Where vLLM keeps it decides whether it
@@ -435,6 +457,7 @@ class ModelSettings(_Model):
     startup_bytes: int = 0
     # A per-layer n-gram embedding table (Flash-Next), counted by dtype and placement.
     ple_table: PleTableSettings | None = None
+    images: ImageSettings = Field(default_factory=ImageSettings)  # the images a request may send it
     # The KV pool in whole blocks with per-request state blocks (hybrid models): see KvBlockSettings.
     kv_blocks: KvBlockSettings | None = None
     # Tensor parallelism over this many boxes (vLLM's multi-node launch): this box holds 1/N of

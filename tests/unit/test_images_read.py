@@ -71,3 +71,12 @@ def test_limits_are_checked_before_decoding() -> None:
     too_big = refused(RequestTooLarge, lambda: base64_bytes(big, small, "p"))
     assert isinstance(too_big, RequestTooLarge) and too_big.status == 413 and too_big.code == "image_too_large_bytes"
     assert isinstance(refused(RequestTooLarge, lambda: read(b"\0" * 1001, SPEC, small, "p")), RequestTooLarge)
+
+
+def test_a_model_s_image_settings_are_its_limits() -> None:
+    from gateway.settings import ModelSettings
+
+    model = ModelSettings(name="m", path="models/x", images={"max_images": 2, "max_bytes": "1MiB"})
+    assert model.images.enabled is None  # as the model's config says
+    assert model.images.limits == ImageLimits(max_images=2, max_pixels=16_777_216, max_bytes=1024 * 1024)
+    assert ModelSettings(name="m", path="models/x").images.limits == ImageLimits()
