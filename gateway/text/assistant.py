@@ -47,6 +47,21 @@ from gateway.text.formats import (
 )
 
 
+def strict_json(text: str) -> str:
+    """`text` as JSON every client parses. vLLM's JSON grammar lets a model write a raw control
+    character (a tab) inside a string, which strict parsers (Python's json, JavaScript's
+    JSON.parse) refuse: such a document is written again with the character escaped. Anything
+    else is left as the model wrote it."""
+    try:
+        json.loads(text)
+    except ValueError:
+        try:
+            return json.dumps(json.loads(text, strict=False), ensure_ascii=False, separators=(",", ":"))
+        except ValueError:
+            return text
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
     text: str
@@ -405,7 +420,7 @@ class TurnParser:
         self._buf = ""
         for i, _ in self._brackets(start):
             if self._depth == 0:
-                arguments = self._args[: i + 1].strip()
+                arguments = strict_json(self._args[: i + 1].strip())
                 self._start_forced(out)
                 self._args = arguments
                 out.append(ToolCallArgs(0, arguments))
@@ -425,7 +440,7 @@ class TurnParser:
 
     def _required_element(self, out: list[Event], element: str) -> None:
         try:
-            value = json.loads(element)
+            value = json.loads(element, strict=False)  # a raw tab in a string: see strict_json
         except ValueError:
             return
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):

@@ -218,6 +218,20 @@ def test_a_forced_named_call_cut_short_is_text_not_a_call(step: int) -> None:
     assert not any(isinstance(e, ToolCallStart | ToolCallArgs) for e in events)
 
 
+@pytest.mark.parametrize("step", STEPS)
+def test_a_raw_tab_the_grammar_let_through_is_escaped_in_the_arguments(step: int) -> None:
+    """vLLM's JSON grammar allows a raw tab inside a string (a random-weight model wrote
+    `{"city":".$\tread"}`): strict parsers refuse that, so the call's arguments escape it."""
+    spec = TurnSpec(tools=TOOLS, forced="named", forced_name="get_weather")
+    turn, events = parse(spec, '{"city":".$\tread +="}', step)
+    [call] = turn.tool_calls
+    assert call.arguments == '{"city":".$\\tread +="}' and json.loads(call.arguments) == {"city": ".$\tread +="}
+    assert [e.delta for e in events if isinstance(e, ToolCallArgs)] == [call.arguments]
+    required = TurnSpec(tools=TOOLS, forced="required")
+    turn, _ = parse(required, '[{"name":"get_weather","parameters":{"city":"a\tb"}}]', step)
+    assert [json.loads(c.arguments) for c in turn.tool_calls] == [{"city": "a\tb"}]
+
+
 PATCH = '*** Begin Patch\n*** Add File: a.txt\n+say "hi" \\o/ ✓\n*** End Patch\n'
 
 

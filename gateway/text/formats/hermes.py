@@ -21,7 +21,7 @@ class Hermes(ToolFormat):
 
     def parse_call(self, body: str, tools: Tools | None = None) -> tuple[str, str] | None:
         try:
-            value = json.loads(body.strip())
+            value = json.loads(body.strip(), strict=False)
         except ValueError:
             return None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -29,7 +29,7 @@ class Hermes(ToolFormat):
         args = value.get("arguments", value.get("parameters", {}))
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = json.loads(args, strict=False)
             except ValueError:
                 return None
         if not isinstance(args, dict):

@@ -145,7 +145,7 @@ def convert_param(value: str, schema: Mapping[str, Any] | None) -> Any:
         return None
     if kinds & {"object", "array"}:
         try:
-            return json.loads(text)
+            return json.loads(text, strict=False)
         except ValueError:
             return value
     return value
