@@ -33,13 +33,18 @@ def credentials(request: Request, authorization: str | None) -> str | None:
     return authorization
 
 
-async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+async def authenticate(request: Request, authorization: str | None) -> Principal:
+    """The caller whose key this is (`Authorization: Bearer <key>`), through the failed-auth
+    table; noted for the dashboard's rejections and the request's log line."""
     state = get_state(request)
-    authorization = credentials(request, authorization)
     principal = await state.failed_auth.guarded(client_address(request), lambda: state.keys.authenticate(authorization))
-    request.state.user = principal.name  # for the dashboard's rejections (gateway/errors.py)
+    request.state.user = principal.name  # for the dashboard's rejections (gateway/http/errors.py)
     request_log.note_caller(request, principal)
     return principal
+
+
+async def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    return await authenticate(request, credentials(request, authorization))
 
 
 async def get_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from gateway import request_log
 from gateway.auth import Principal
 from gateway.errors import GatewayError
-from gateway.http.deps import client_address, get_state
+from gateway.http.deps import authenticate, get_state
 from gateway.http.sse import sse
 from gateway.redaction import redact
 from gateway.state import AppState
@@ -90,10 +90,7 @@ class Surface:
         before the body is looked at), the body parsed by the surface's schema, the request
         counted (`count`) and its model noted for the request's log line."""
         state = get_state(request)
-        key = self.credentials(request)
-        caller = await state.failed_auth.guarded(client_address(request), lambda: state.keys.authenticate(key))
-        request.state.user = caller.name  # for the dashboard's rejections
-        request_log.note_caller(request, caller)
+        caller = await authenticate(request, self.credentials(request))
         body = parse(await request.body())
         if count:
             state.counters.requests += 1
