@@ -354,6 +354,12 @@ def _human(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def unexpected(exc: BaseException) -> bool:
+    """An exception the vocabulary does not name (a bug): `from_exception` hides it behind
+    `InternalError`, and whoever answers it logs its traceback."""
+    return not isinstance(exc, GatewayError | EngineError)
+
+
 def from_exception(exc: BaseException) -> GatewayError:
     """Any exception -> the GatewayError a client should see."""
     if isinstance(exc, GatewayError):

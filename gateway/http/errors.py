@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_adapter.base import EngineError
 from gateway import request_log
-from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, RouteNotFound, from_exception
+from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, RouteNotFound, from_exception, unexpected
 from gateway.http.surface import Surface, surface_of
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def surface_for(request: Request) -> Surface:
 
 def as_error(exc: BaseException) -> GatewayError:
     """Any exception as the vocabulary's error; one nobody expected is logged here, once."""
-    if not isinstance(exc, GatewayError | EngineError):
+    if unexpected(exc):
         log.error("unhandled error", exc_info=exc)
     return from_exception(exc)
 

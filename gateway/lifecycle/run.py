@@ -25,11 +25,11 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from engine_adapter.base import EngineChunk, EngineError
+from engine_adapter.base import EngineChunk
 from gateway import dashboard
 from gateway.admission import Ticket
 from gateway.drain import shutting_down
-from gateway.errors import GatewayError, from_exception
+from gateway.errors import GatewayError, from_exception, unexpected
 from gateway.job import Job
 from gateway.lifecycle import generate
 from gateway.lifecycle.prepare import demand, priority_of
@@ -390,7 +390,7 @@ class Running:
                     if watcher.done() or self._client_left:
                         return
                     err = from_exception(exc)
-                    if not isinstance(exc, GatewayError | EngineError):
+                    if unexpected(exc):
                         log.error("%s: stream failed", self.job.id, exc_info=exc)
                     else:
                         log.warning("%s: stream failed: %s", self.job.id, err.message)
