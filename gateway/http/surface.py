@@ -31,6 +31,7 @@ from gateway.auth import Principal
 from gateway.errors import GatewayError
 from gateway.http.deps import authenticate, get_state
 from gateway.http.sse import sse
+from gateway.lifecycle.run import StreamError
 from gateway.redaction import redact
 from gateway.state import AppState
 
@@ -61,7 +62,7 @@ class Surface:
     paths: tuple[str, ...] = ()
     error_status: Callable[[GatewayError], int] = openai_status
     error_body: Callable[[GatewayError], dict[str, Any]] = openai_body
-    stream_error: Callable[[GatewayError], str] = openai_stream_error
+    stream_error: StreamError = openai_stream_error
     key_headers: tuple[str, ...] = ("authorization", "x-api-key")
     params: Mapping[str, str] = field(default_factory=dict)
 

@@ -131,7 +131,7 @@ def _stop(tally: Tally, tool_calls: int) -> tuple[str, str | None]:
 
 @dataclass
 class MessageEncoder:
-    """One request's encoders (`complete`, `stream`: the `Surface` gateway.http.serving takes)."""
+    """One request's encoders (`complete`, `stream`: the `Encoder` gateway.http.serving takes)."""
 
     model: str  # the model name the client asked for (Anthropic echoes it)
     thinking_shown: bool = True

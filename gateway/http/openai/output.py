@@ -1,8 +1,9 @@
 """A job's engine output as OpenAI answers: one JSON body, or server-sent events.
 
 Streams: `data: {chunk}\\n\\n` lines, one choice per chunk, a usage-only final chunk when
-`stream_options.include_usage` is set, then `data: [DONE]`. An error after
-the stream started is sent as an `error` event (the status line is gone).
+`stream_options.include_usage` is set, then `data: [DONE]`. An error after the stream
+started is let through: the lifecycle ends the stream with the surface's error event
+(gateway/http/surface.py `openai_stream_error`; the status line is gone).
 """
 
 from __future__ import annotations
