@@ -50,7 +50,7 @@ class _Block(Block):
         if self.kind == "reasoning":
             return {"type": "thinking", "thinking": self.text if shown else "", "signature": SIGNATURE}
         try:
-            call_input = json.loads(self.text, strict=False) if self.text else {}
+            call_input = json.loads(self.text) if self.text else {}
         except ValueError:  # a call cut short by the token limit
             call_input = {}
         return {"type": "tool_use", "id": self.id, "name": self.name, "input": call_input}
