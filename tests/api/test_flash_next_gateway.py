@@ -59,10 +59,7 @@ def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
     }
     path = tmp / "flash.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    # The shim serves transformers' PIL image processor where vLLM's Qwen3-VL module asks
-    # for the torchvision one, in the gateway and in vLLM's model-inspection subprocess.
-    env = {"PYTHONPATH": str(ROOT / "benchmarks" / "cpu_shims")}
-    return [Launch(path, tmp / "server.log", port, env=env)]
+    return [Launch(path, tmp / "server.log", port)]
 
 
 @pytest.fixture(scope="module")
