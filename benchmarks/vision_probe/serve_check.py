@@ -1,6 +1,6 @@
 """Start vLLM's AsyncLLM (CPU build) on a tiny VL model dir and send chats with one image.
 
-    python serve_check.py MODEL_DIR [--dummy]
+    .venv/bin/python benchmarks/vision_probe/serve_check.py models/tiny-qwen3.5-vl [--dummy]
 
 For each PIL-made image it sends the same chat four ways and prints what vLLM reports
 (len(RequestOutput.prompt_token_ids)) next to policies/images.py's prediction:
