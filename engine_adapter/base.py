@@ -90,13 +90,39 @@ def greedy(s: SamplingOptions) -> bool:
     return s.temperature < 1e-5
 
 
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """An image of a request: its encoded bytes (PNG, JPEG...) and its pads in the prompt."""
+
+    data: bytes
+    sha256: str  # of `data`: the engine's cache key for it
+    offset: int  # the first of its pad tokens in `prompt_token_ids`
+    tokens: int  # how many pads it becomes (the gateway counted them as the engine will)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineRequest:
+    """`prompt_token_ids` is the prompt as the engine holds it: an image's pad token repeated
+    once per token the image becomes (`images` says where), so every engine counts it alike."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingOptions
     priority: int = 0
     cache_salt: str | None = None
+    images: tuple[ImageInput, ...] = ()
+
+    def compact_ids(self) -> list[int]:
+        """The ids with each image's pads back to one: what a chat template writes, and what
+        vLLM takes with the image (it expands the pad itself; expanded ids it would misread)."""
+        ids = self.prompt_token_ids
+        out: list[int] = []
+        start = 0
+        for image in self.images:
+            out += ids[start : image.offset + 1]
+            start = image.offset + image.tokens
+        out += ids[start:]
+        return out
 
 
 def check_request(request: EngineRequest, *, max_model_len: int, active: Container[str]) -> None:

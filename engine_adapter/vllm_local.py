@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import multiprocessing
 import os
@@ -543,7 +544,7 @@ class VllmLocalEngine:
             params = self._sampling_params(request.sampling)
         except Exception as e:  # vLLM validates parameters eagerly
             raise EngineRequestInvalid(str(e)) from e
-        prompt = _engine_input(list(request.prompt_token_ids), request.cache_salt)
+        prompt = _engine_input(request)
         k = request.sampling.logprobs or 0
         pk = request.sampling.prompt_logprobs or 0
         copies = request.sampling.n if greedy(request.sampling) else 1
@@ -576,7 +577,8 @@ class VllmLocalEngine:
                 yield EngineChunk(
                     choices=tuple(choices),
                     finished=finished,
-                    prompt_tokens=len(request.prompt_token_ids),
+                    # vLLM's own count (images expanded by its processor): the gateway checks its own.
+                    prompt_tokens=len(out.prompt_token_ids or request.prompt_token_ids),
                     num_cached_tokens=int(out.num_cached_tokens or 0),
                     prompt_logprobs=prompt_lps,
                     num_preemptions=int(getattr(metrics, "num_preemptions", 0) or 0),
@@ -622,18 +624,36 @@ class VllmLocalEngine:
             await self._llm.abort(request_id)
 
 
-def _engine_input(token_ids: list[int], cache_salt: str | None) -> Any:
+def _engine_input(request: EngineRequest) -> Any:
     """The prompt as vLLM's renderer would hand it on (a `TokensInput`, in 0.26 and 0.32):
     AsyncLLM adds it as it is. A bare `TokensPrompt` goes through the input preprocessor first,
     which in 0.32 runs in a worker thread: a thread hop per request for ids that need no
-    rendering. Releases without `vllm.inputs.engine` get the bare prompt."""
+    rendering. Releases without `vllm.inputs.engine` get the bare prompt.
+
+    With images it is a `TokensPrompt`: their pixels need the model's processor, in that thread.
+    Each image is one pad (vLLM expands it) and is keyed by the hash of its bytes, which the
+    prefix cache and the processor's cache then use instead of hashing its pixels again."""
+    if request.images:
+        from PIL import Image
+        from vllm.inputs import TokensPrompt
+
+        images = [Image.open(io.BytesIO(image.data)) for image in request.images]
+        prompt = TokensPrompt(
+            prompt_token_ids=request.compact_ids(),
+            multi_modal_data={"image": images},
+            multi_modal_uuids={"image": [image.sha256 for image in request.images]},
+        )
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
+        return prompt
+    token_ids = list(request.prompt_token_ids)
     try:
         from vllm.inputs.engine import tokens_input
     except ImportError:
         from vllm.inputs import TokensPrompt
 
         prompt = TokensPrompt(prompt_token_ids=token_ids)
-        if cache_salt is not None:
-            prompt["cache_salt"] = cache_salt
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
         return prompt
-    return tokens_input(token_ids, cache_salt=cache_salt)
+    return tokens_input(token_ids, cache_salt=request.cache_salt)

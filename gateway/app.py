@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from engine_adapter.base import Engine, KVSpec
 from engine_adapter.paced import paced
-from gateway import canary, heap, request_log, responses_store
+from gateway import canary, heap, request_log, responses_store, vision
 from gateway.admission import AdmissionControl
 from gateway.auth import KeyRing
 from gateway.canary_state import Result as CanaryResult
@@ -89,7 +89,7 @@ def vllm_engine(settings: Settings, model: ModelSettings) -> Engine:
             seed=model.seed,
             cpu_cores=model.cpu_cores,
             compact_json=model.json_whitespace == "compact",
-            extra_args=model.vllm_engine_args(),
+            extra_args={**vision.engine_args(model, Path(path)), **model.vllm_engine_args()},
         )
     )
 
@@ -278,8 +278,16 @@ def create_app(
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
                 log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
                 vocab = config_vocab_size(settings.model_path(model))
+                sight = vision.vision_of(model, settings.model_path(model))
                 served.append(
-                    ServedModel(settings=model, engine=engine, tokenizer=tokenizer, formats=formats, vocab_size=vocab)
+                    ServedModel(
+                        settings=model,
+                        engine=engine,
+                        tokenizer=tokenizer,
+                        formats=formats,
+                        vocab_size=vocab,
+                        vision=sight,
+                    )
                 )
             app.state.sparkgate = state = AppState(
                 settings=settings,

@@ -12,6 +12,7 @@ from engine_adapter.base import Engine
 from gateway.errors import ModelNotFound
 from gateway.settings import ModelSettings
 from gateway.text.templates import OutputFormats
+from gateway.vision import NO_VISION, Vision
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ServedModel:
     # Token ids the model's embedding has (config.json's vocab_size: Qwen pads it past the
     # tokenizer's 151,669 to 151,936); logit_bias and stop_token_ids may name any of them.
     vocab_size: int | None = None
+    vision: Vision = NO_VISION  # whether it takes images, and what one costs it
 
     @property
     def name(self) -> str:

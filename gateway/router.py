@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 from gateway.auth import Principal
 from gateway.errors import EngineUnavailableError, InvalidRequest, SloUnattainable, retry_after_header
@@ -144,7 +144,7 @@ class Router:
     def start_flight(
         self,
         model: str,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[Hashable],
         output_tokens: int,
         salt: str | None,
         route: RouteInfo | None = None,

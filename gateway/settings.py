@@ -647,7 +647,8 @@ class LimitSettings(_Model):
     """What one API request may ask for; beyond it the client gets a 400 naming the field
     (413 for the body), before anything is tokenized or reaches an engine."""
 
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)  # a request body (413 beyond)
+    # A request body (413 beyond): room for a few images, each up to `images.max_bytes` base64-encoded.
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=4, le=1000)  # nesting of the body's arrays and objects
     max_messages: int = Field(2048, ge=1)  # chat messages, Responses input items, completion prompts
     max_stop: int = Field(4, ge=1)  # stop strings (OpenAI's limit)

@@ -185,7 +185,7 @@ def sequence_blocks(spec: KVSpec, prompt_tokens: int, max_tokens: int) -> tuple[
     return sequence_peaks(spec, prompt_tokens, max_tokens)[1]
 
 
-def prefix_keys(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> tuple[Hashable, ...]:
+def prefix_keys(token_ids: Sequence[Hashable], block_size: int, cache_salt: str | None = None) -> tuple[Hashable, ...]:
     """Chain keys of the prompt's blocks an engine could reuse: whole blocks from the
     start, never the block holding the last prompt token (vLLM computes at least one)."""
     n = (len(token_ids) - 1) // block_size
@@ -211,7 +211,7 @@ def resumes_at_end(spec: KVSpec) -> bool:
 
 def footprint(
     spec: KVSpec,
-    prompt_ids: Sequence[int],
+    prompt_ids: Sequence[Hashable],
     max_tokens: int,
     *,
     n: int = 1,

@@ -356,7 +356,7 @@ class Lane:
         while len(self.cache) > self.spec.cache_blocks:
             self.cache.popitem(last=False)
 
-    def keys(self, prompt_ids: Sequence[int], salt: str | None) -> tuple[Hashable, ...]:
+    def keys(self, prompt_ids: Sequence[Hashable], salt: str | None) -> tuple[Hashable, ...]:
         """The prompt's prefix-cache keys on this engine (none when it caches no prefixes)."""
         if not self.spec.cache_blocks:
             return ()

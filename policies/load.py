@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.lanes import MIN_HOLD_S, Flight, Lane, LaneSpec
@@ -34,7 +34,7 @@ class RouteQuery:
     requested: str  # a model's name or an alias
     candidates: Sequence[str]  # the lanes it may go to, best first (a requested model first of all)
     slo_class: str  # a key of the model's classes
-    prompt_ids: Sequence[int]
+    prompt_ids: Sequence[Hashable]  # a prompt's cache keys (policies.tokens.Prompt.cache_keys)
     output_tokens: int  # expected (max_tokens, or a default)
     salt: str | None = None  # its prefix-cache salt
     user: str | None = None  # who sends it: the fair queue takes users in turn (None: first come, first served)
@@ -287,7 +287,7 @@ class LoadModel:
     def start_flight(
         self,
         model: str,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[Hashable],
         output_tokens: int,
         salt: str | None = None,
         route: RouteInfo | None = None,

@@ -11,6 +11,7 @@ own timing tells (when output came, when the prefill ended) is noted as chunks a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -18,6 +19,8 @@ from engine_adapter.base import EngineChunk, EngineRequest
 from gateway.errors import EngineUnavailableError
 from gateway.job import Job, Meter
 from policies.lanes import Flight
+
+log = logging.getLogger(__name__)
 
 
 def _new_tokens(chunk: EngineChunk) -> int:
@@ -44,8 +47,17 @@ class _Count:
         m = self.meter
         cached = self.cached[prompt_index]
         if cached is None:
-            m.prompt_tokens += self.lengths[prompt_index]
+            counted = self.lengths[prompt_index]
+            m.prompt_tokens += counted
             cached = 0
+            if chunk.prompt_tokens and chunk.prompt_tokens != counted:
+                # The bill, the KV reservation and the context check all used the gateway's count.
+                log.warning(
+                    "prompt %d: the engine counted %d tokens, the gateway %d",
+                    prompt_index,
+                    chunk.prompt_tokens,
+                    counted,
+                )
         # The most any chunk of the prompt reported: a vLLM server reports it on its last chunk
         # only, and a simulated request admitted again after a preemption anew.
         if chunk.num_cached_tokens > cached:

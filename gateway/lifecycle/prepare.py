@@ -26,6 +26,8 @@ from engine_adapter.base import (
 from gateway.auth import Principal
 from gateway.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from gateway.job import Job
+from gateway.lifecycle import images
+from gateway.lifecycle.images import IMAGE_ROLES, ImageSource
 from gateway.lifecycle.requests import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields, ToolCall
 from gateway.registry import ModelRegistry, ServedModel
 from gateway.router import Router
@@ -44,10 +46,14 @@ from policies.load import RouteInfo, RouteQuery
 INLINE_CHARS = 1000
 
 
-def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def _messages_for_template(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], list[ImageSource]]:
+    """The messages as the chat template takes them, and the images in them in the order the
+    template places them (a content list with an image part stays a list: text parts and
+    `{"type": "image"}`, which the template writes as one image pad)."""
     out = []
+    images: list[ImageSource] = []
     for i, m in enumerate(messages):
-        content = m.content
+        content: Any = m.content
         # OpenAI's rules: only an assistant message may leave its content out (it calls tools
         # instead), and a tool message names the call it answers.
         if content is None and m.role != "assistant":
@@ -55,16 +61,28 @@ def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, An
         if m.role == "tool" and not m.tool_call_id:
             raise _missing(f"messages[{i}].tool_call_id")
         if isinstance(content, list):
-            parts = []
+            parts: list[dict[str, Any]] = []
             for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
+                param = f"messages[{i}].content[{j}]"
+                if part.type == "text" and part.text is not None:
+                    parts.append({"type": "text", "text": part.text})
+                elif part.type == "image_url" and part.url is not None and m.role in IMAGE_ROLES:
+                    parts.append({"type": "image"})
+                    images.append(ImageSource(param=f"{param}.image_url", url=part.url))
+                elif part.type == "image_url" and part.url is not None:
                     raise InvalidRequest(
-                        f"Content of type '{part.type}' is not supported by this model.",
-                        param=f"messages[{i}].content[{j}]",
+                        f"Images are accepted in user messages, not in a message of role '{m.role}'.",
+                        param=param,
                         code="unsupported_content",
                     )
-                parts.append(part.text)
-            content = "".join(parts)
+                else:
+                    raise InvalidRequest(
+                        f"Content of type '{part.type}' is not supported by this model.",
+                        param=param,
+                        code="unsupported_content",
+                    )
+            has_image = any(p["type"] == "image" for p in parts)
+            content = parts if has_image else "".join(p["text"] for p in parts)
         # Qwen templates know no "developer" role; OpenAI treats it as system.
         role = "system" if m.role == "developer" else m.role
         msg: dict[str, Any] = {"role": role, "content": content or ""}
@@ -77,7 +95,7 @@ def _messages_for_template(messages: Sequence[ChatMessage]) -> list[dict[str, An
         if m.name:
             msg["name"] = m.name
         out.append(msg)
-    return out
+    return out, images
 
 
 def _missing(param: str) -> InvalidRequest:
@@ -297,6 +315,11 @@ def _truncated(served: ServedModel, principal: Principal, prompt: tokens.Prompt,
     reserved as cut."""
     if req.truncate_prompt_tokens is None:
         return prompt
+    if prompt.images:
+        raise InvalidRequest(
+            "truncate_prompt_tokens cannot cut a prompt with images (a cut may not split one).",
+            param="truncate_prompt_tokens",
+        )
     side = req.truncation_side or getattr(served.tokenizer, "truncation_side", None) or "right"
     ids = truncate(
         prompt.token_ids, keep=req.truncate_prompt_tokens, side=side, max_model_len=_context_limit(served, principal)
@@ -398,7 +421,7 @@ def _route(
             requested=requested,
             candidates=[c.name for c in fits],
             slo_class=routing.router.slo_for(principal, routing.slo_header),
-            prompt_ids=prompt.token_ids,
+            prompt_ids=prompt.cache_keys(),
             output_tokens=out,
             salt=_cache_salt(fits[0], principal),
             user=principal.name,
@@ -432,7 +455,7 @@ def chat_prompt(served: ServedModel, req: ChatCompletionRequest, principal: Prin
     """The prompt `prepare_chat` sends `served` for this request: normalized under the model's
     (and the key's) prefix policy, rendered, tokenized. Synchronous, for benchmarks and tools."""
     policy = _prefix_policy(served, principal)
-    messages = _messages_for_template(req.messages)
+    messages, _ = _messages_for_template(req.messages)
     prompt, _ = _render(served, messages, _tools_for_template(req), _template_kwargs(req), policy, _generation(req))
     return prompt
 
@@ -481,12 +504,17 @@ async def prepare_chat(
     _at_most(len(req.messages), limits.max_messages, "messages", "messages")
     _at_most(len(req.tools or ()), limits.max_tools, "tools", "tools")
     _tools_checked(req)
-    messages = _messages_for_template(req.messages)
+    messages, sources = _messages_for_template(req.messages)
+    candidates = images.seeing(candidates, sources, req.model)
     first = candidates[0]
-    prompt, changes = await _render_for(first, messages, req, _prefix_policy(first, principal))
+    read = await images.read(first, sources)
+    rendered, changes = await _render_for(first, messages, req, _prefix_policy(first, principal))
+    prompt = images.placed(first, rendered, read)
     served, info = _route(routing, req.model, candidates, principal, prompt, req.requested_max_tokens)
     if served.tokenizer_id != first.tokenizer_id:  # counted with another vocabulary: count again
-        prompt, changes = await _render_for(served, messages, req, _prefix_policy(served, principal))
+        rendered, changes = await _render_for(served, messages, req, _prefix_policy(served, principal))
+    if served is not first:  # and its processor may size the images otherwise
+        prompt = images.placed(served, rendered, read)
     prompt = _truncated(served, principal, prompt, req)
     _check_vocabulary(req, served)
     max_tokens = _budget(served, principal, prompt, req.requested_max_tokens, "messages")
@@ -509,6 +537,7 @@ async def prepare_chat(
             structured=None if forced is None else StructuredOutput(json_schema=forced),
         ),
         cache_salt=_cache_salt(served, principal),
+        images=images.engine_images(prompt, read),
     )
     await _engine_checked(served, request, _constraint_param(req, forced=forced is not None))
     job = Job(
@@ -547,9 +576,11 @@ async def count_chat(
     _at_most(len(req.messages), limits.max_messages, "messages", "messages")
     _at_most(len(req.tools or ()), limits.max_tools, "tools", "tools")
     _tools_checked(req)
-    first = candidates[0]
-    prompt, _ = await _render_for(first, _messages_for_template(req.messages), req, _prefix_policy(first, principal))
-    return len(prompt)
+    messages, sources = _messages_for_template(req.messages)
+    first = images.seeing(candidates, sources, req.model)[0]
+    read = await images.read(first, sources)
+    prompt, _ = await _render_for(first, messages, req, _prefix_policy(first, principal))
+    return len(images.placed(first, prompt, read))
 
 
 def _prefix_policy(served: ServedModel, principal: Principal) -> prefix.PrefixPolicy | None:
@@ -641,7 +672,8 @@ async def prepare_completion(
     served, info = _route(routing, req.model, candidates, principal, longest, req.max_tokens)
     if served.tokenizer_id != first.tokenizer_id:
         prompts = await _completion_prompts(served, given)
-    prompts = [_truncated(served, principal, p, req) for p in prompts]
+    # A completion carries no image: its text or ids may not hold the image token either.
+    prompts = [_truncated(served, principal, images.placed(served, p, (), "prompt"), req) for p in prompts]
     _check_vocabulary(req, served)
     job_id = f"cmpl-{uuid.uuid4().hex}"
     lp = req.logprobs
@@ -709,7 +741,7 @@ def demand(job: Job, *, priority: int, user_max_running: int | None) -> Demand:
     for i, (prompt, request) in enumerate(zip(job.prompts, job.requests, strict=True)):
         fp = kv.footprint(
             spec,
-            prompt.token_ids,
+            prompt.cache_keys(),
             request.sampling.max_tokens,
             n=job.n,
             cache_salt=request.cache_salt,

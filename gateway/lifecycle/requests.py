@@ -73,10 +73,22 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False  # vLLM's: the usage so far on every chunk (with include_usage)
 
 
+class ImageURL(_Request):
+    url: str
+    # Accepted and not used: Qwen's processor sizes an image by its pixels alone.
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(_Request):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    # OpenAI's {"url": ...}; some frontends send the URL alone.
+    image_url: ImageURL | str | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self.image_url.url if isinstance(self.image_url, ImageURL) else self.image_url
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.:-]{1,64}$")]

@@ -138,7 +138,7 @@ def _start_flight(router: Router | None, job: Job) -> Flight | None:
     # send chats to wait for that slot.
     route = job.route
     return router.start_flight(
-        job.served.name, first.prompt_token_ids, route.output_tokens, first.cache_salt, route, job.principal.name
+        job.served.name, job.prompts[0].cache_keys(), route.output_tokens, first.cache_salt, route, job.principal.name
     )
 
 

@@ -102,9 +102,19 @@ def test_bad_role_and_unsupported_content(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model=DENSE,
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+            messages=[
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+            ],  # noqa: E501
         )
     assert_error(e.value, 400, "unsupported_content")
+    # A text model answers an image with the model's name and why (before the image is read).
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=DENSE,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        )
+    assert_error(e.value, 400, "images_not_supported")
+    assert f"'{DENSE}' does not take images: it has no vision encoder" in e.value.message
 
 
 def test_out_of_vocabulary_token_ids(client: openai.OpenAI) -> None:

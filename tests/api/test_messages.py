@@ -199,7 +199,7 @@ def test_errors_in_anthropic_s_shape(client: anthropic.Anthropic, replay_app: Ap
     with pytest.raises(anthropic.BadRequestError) as img:
         blocks: Any = [{"role": "user", "content": [image]}]
         client.messages.create(model=REPLAY, max_tokens=10, messages=blocks)
-    assert "'image' is not supported" in img.value.message
+    assert f"'{REPLAY}' does not take images: it has no vision encoder" in img.value.message
     no_max = {"model": REPLAY, "messages": ask("answer")}
     r = replay_app.http.post("/v1/messages", json=no_max, headers={"x-api-key": API_KEY})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

@@ -197,7 +197,7 @@ def test_forcing_a_hosted_tool_is_refused(http: httpx.Client) -> None:
 
 
 def test_bodies_the_gateway_cannot_read(http: httpx.Client) -> None:
-    # A decompression bomb: 64 MiB of zeros in a few KiB, far over the 8 MiB body limit decoded.
+    # A decompression bomb: 64 MiB of zeros in a few KiB, far over the 32 MiB body limit decoded.
     bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (8 * 1024 * 1024)) * 8
     r = http.post("/responses", content=bomb, headers={"content-type": "application/json", "content-encoding": "zstd"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"

@@ -138,10 +138,30 @@ def test_items_to_chat_messages() -> None:
 
 
 def test_unsupported_content_is_refused() -> None:
-    r = req(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}])
+    r = req(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}])
     with pytest.raises(InvalidRequest) as e:
         translate(r)
     assert e.value.param == "input[0].content[0].type" and e.value.code == "unsupported_content"
+    r = req(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])
+    with pytest.raises(InvalidRequest) as e:
+        translate(r)
+    assert e.value.param == "input[0].content[0].image_url" and e.value.code == "missing_required_parameter"
+
+
+def test_an_input_image_becomes_an_image_url_part_in_its_place() -> None:
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"}
+    output = [{"type": "input_text", "text": "shot:"}, image]
+    r = req(
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "look "}, image]},
+            {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": output},
+        ]
+    )
+    messages = [m.model_dump(exclude_none=True) for m in translate(r).chat.messages]
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert messages[0]["content"] == [{"type": "text", "text": "look "}, part]
+    assert messages[2]["role"] == "tool" and messages[2]["content"] == [{"type": "text", "text": "shot:"}, part]
     with pytest.raises(InvalidRequest) as e:
         translate(req(input=[]))
     assert e.value.param == "input"

@@ -22,6 +22,15 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
+class ImageSource(_Request):
+    """An image block's `source`: base64 `data` with its `media_type`, or a `url`."""
+
+    type: str
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
 class Block(_Request):
     """A content block: text, image, document, tool_use, tool_result, thinking,
     redacted_thinking, ... (the fields its kind uses are checked when translated)."""
@@ -36,6 +45,8 @@ class Block(_Request):
     tool_use_id: str | None = None
     content: str | list[Block] | None = None
     is_error: bool = False
+    # image
+    source: ImageSource | None = None
     # thinking
     thinking: str | None = None
     signature: str | None = None

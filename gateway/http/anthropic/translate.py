@@ -3,14 +3,15 @@
 system (a string, or text blocks)  -> one leading system message, blocks in order
                                       (joined by blank lines; `cache_control` is
                                       accepted: vLLM caches every prefix anyway)
-user text blocks                   -> a user message (consecutive blocks joined)
+user text and image blocks         -> a user message (consecutive blocks; images as chat's
+                                      image_url parts: a base64 source as a data URL)
 user tool_result blocks            -> tool messages, in order ({"role": "tool",
-                                      "tool_call_id": tool_use_id}); `is_error` results
-                                      start with "Error: "
+                                      "tool_call_id": tool_use_id}), text and images;
+                                      `is_error` results start with "Error: "
 assistant text / thinking /        -> one assistant message: content, reasoning_content,
   tool_use blocks                     tool_calls (input as JSON arguments)
 system turns inside `messages`     -> system messages where they stand (Claude Code)
-image, document, ... blocks        -> 400 unsupported_content, as chat answers images
+document, ... blocks               -> 400 unsupported_content
 tools (client tools)               -> chat function tools (input_schema as parameters);
                                       server tools (web_search_..., bash_..., any other
                                       `type`) and `defer_loading` tools are accepted and
@@ -75,6 +76,42 @@ def _text_of(blocks: str | Sequence[Block] | None, param: str) -> str:
     return "".join(out)
 
 
+def _image_part(b: Block, param: str) -> dict[str, Any]:
+    """An image block as chat's `image_url` part (the lifecycle reads and checks it)."""
+    source = _needs(b.source, f"{param}.source", "An image block")
+    if source.type == "base64":
+        media = _needs(source.media_type, f"{param}.source.media_type", "A base64 image source")
+        data = _needs(source.data, f"{param}.source.data", "A base64 image source")
+        url = f"data:{media};base64,{data}"
+    elif source.type == "url":
+        url = _needs(source.url, f"{param}.source.url", "A url image source")
+    else:
+        raise InvalidRequest(
+            f"An image source of type '{source.type}' is not supported; send 'base64'.",
+            param=f"{param}.source.type",
+            code="unsupported_content",
+        )
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _parts_of(blocks: str | Sequence[Block] | None, param: str, first: int = 0) -> str | list[dict[str, Any]]:
+    """Text and image blocks as chat content: the text joined, or with an image the parts.
+    `first`: the first block's index in `param`."""
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks, start=first):
+        if b.type == "text":
+            parts.append({"type": "text", "text": _needs(b.text, f"{param}[{j}].text", "A text block")})
+        elif b.type == "image":
+            parts.append(_image_part(b, f"{param}[{j}]"))
+        else:
+            raise _unsupported(b, f"{param}[{j}]")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
 def system_text(system: str | Sequence[Block] | None) -> str:
     if isinstance(system, str) or system is None:
         return system or ""
@@ -85,31 +122,42 @@ def _user(blocks: str | list[Block], i: int) -> list[dict[str, Any]]:
     if isinstance(blocks, str):
         return [{"role": "user", "content": blocks}]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    run: list[Block] = []  # consecutive text and image blocks: one user message
+    start = 0
 
     def flush() -> None:
-        if texts:
-            out.append({"role": "user", "content": "".join(texts)})
-            texts.clear()
+        if run:
+            out.append({"role": "user", "content": _parts_of(run, f"messages[{i}].content", start)})
+            run.clear()
 
     for j, b in enumerate(blocks):
         param = f"messages[{i}].content[{j}]"
-        if b.type == "text":
-            texts.append(_needs(b.text, f"{param}.text", "A text block"))
+        if b.type in ("text", "image"):
+            if not run:
+                start = j
+            run.append(b)
         elif b.type == "tool_result":
             flush()
-            result = _text_of(b.content, f"{param}.content")
+            result = _parts_of(b.content, f"{param}.content")
+            if b.is_error:
+                result = _error_prefixed(result)
             out.append(
                 {
                     "role": "tool",
                     "tool_call_id": _needs(b.tool_use_id, f"{param}.tool_use_id", "A tool_result block"),
-                    "content": ERROR_PREFIX + result if b.is_error else result,
+                    "content": result,
                 }
             )
         else:
             raise _unsupported(b, param)
     flush()
     return out
+
+
+def _error_prefixed(result: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    if isinstance(result, str):
+        return ERROR_PREFIX + result
+    return [{"type": "text", "text": ERROR_PREFIX}, *result]
 
 
 def _assistant(blocks: str | list[Block], i: int) -> dict[str, Any]:

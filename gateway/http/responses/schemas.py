@@ -42,11 +42,15 @@ class _Request(BaseModel):
 
 class ContentPart(_Request):
     """A message's content part: `input_text` / `output_text` carry `text`, a `refusal`
-    part its `refusal`; images, files and audio are refused when translated."""
+    part its `refusal`, an `input_image` its `image_url` (a data URL); files and audio are
+    refused when translated."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; Qwen sizes by pixels alone
+    file_id: str | None = None
 
 
 class MessageItem(_Request):

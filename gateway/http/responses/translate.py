@@ -2,7 +2,8 @@
 response's output as the chat messages that continue its conversation.
 
     instructions                    -> a leading system message (not carried to the next response)
-    message items                   -> chat messages (text parts joined; images, files refused)
+    message items                   -> chat messages (text parts joined; input_image parts kept
+                                       as image_url parts; files refused)
     function_call items             -> one assistant message's tool_calls (consecutive calls,
                                        and calls right after the assistant's text, merge);
                                        with `namespace`, named `{namespace}__{name}`
@@ -76,24 +77,36 @@ def custom_arguments(text: str) -> str:
     return json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False)
 
 
-def _text(content: str | list[ContentPart], param: str) -> str:
+def _content(content: str | list[ContentPart], param: str) -> str | list[dict[str, Any]]:
+    """A message's (or a tool output's) content as chat's: its text, or with images the list of
+    text and `image_url` parts."""
     if isinstance(content, str):
         return content
-    out = []
+    out: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         if part.type in _TEXT_PARTS and part.text is not None:
-            out.append(part.text)
+            out.append({"type": "text", "text": part.text})
         elif part.type == "refusal":
-            out.append(part.refusal or "")
+            out.append({"type": "text", "text": part.refusal or ""})
         elif part.type in _TEXT_PARTS:
             raise InvalidRequest(f"A content part of type '{part.type}' needs its text.", param=f"{param}[{j}].text")
+        elif part.type == "input_image" and part.image_url is not None:
+            out.append({"type": "image_url", "image_url": {"url": part.image_url}})
+        elif part.type == "input_image":
+            raise InvalidRequest(
+                "An input_image needs its image_url (a data URL): this server has no files to take a file_id from.",
+                param=f"{param}[{j}].image_url",
+                code="missing_required_parameter",
+            )
         else:
             raise InvalidRequest(
                 f"Content of type '{part.type}' is not supported by this model.",
                 param=f"{param}[{j}].type",
                 code="unsupported_content",
             )
-    return "".join(out)
+    if any(p["type"] == "image_url" for p in out):
+        return out
+    return "".join(p["text"] for p in out)
 
 
 def to_messages(items: Sequence[Item], param: str = "input") -> list[dict[str, Any]]:
@@ -105,7 +118,7 @@ def to_messages(items: Sequence[Item], param: str = "input") -> list[dict[str, A
             reasoning = (reasoning or "") + item.text
             continue
         if isinstance(item, MessageItem):
-            msg: dict[str, Any] = {"role": item.role, "content": _text(item.content, f"{param}[{i}].content")}
+            msg: dict[str, Any] = {"role": item.role, "content": _content(item.content, f"{param}[{i}].content")}
             if item.role == "assistant" and reasoning:
                 msg["reasoning_content"] = reasoning
             messages.append(msg)
@@ -126,7 +139,7 @@ def to_messages(items: Sequence[Item], param: str = "input") -> list[dict[str, A
                     msg["reasoning_content"] = reasoning
                 messages.append(msg)
         else:  # function_call_output, custom_tool_call_output
-            content = _text(item.output, f"{param}[{i}].output")
+            content = _content(item.output, f"{param}[{i}].output")
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
         reasoning = None
     return messages
