@@ -100,7 +100,13 @@ def read(raw: bytes, spec: VisionSpec, limits: ImageLimits, param: str, index: i
                 img.load()  # every pixel: a truncated or corrupt file fails here, not in the engine
         except GatewayError:
             raise
-        except (UnidentifiedImageError, Image.DecompressionBombError):
+        except Image.DecompressionBombError:  # Pillow's own limit, far above ours: refused on its header
+            raise InvalidRequest(
+                f"Image {index} declares more pixels than Pillow decodes; at most {limits.max_pixels:,} are allowed.",
+                param=param,
+                code="image_too_large",
+            ) from None
+        except UnidentifiedImageError:
             raise _invalid(f"Image {index} is not an image this server can read.", param) from None
         except (OSError, SyntaxError, ValueError) as e:  # Pillow's "broken data stream", "truncated"
             raise _invalid(f"Image {index} could not be decoded: {e}.", param) from None

@@ -104,7 +104,7 @@ def test_bad_role_and_unsupported_content(client: openai.OpenAI) -> None:
             model=DENSE,
             messages=[
                 {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
-            ],  # noqa: E501
+            ],
         )
     assert_error(e.value, 400, "unsupported_content")
     # A text model answers an image with the model's name and why (before the image is read).
