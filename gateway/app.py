@@ -278,7 +278,7 @@ def create_app(
                 formats = output_formats(tokenizer, model.tool_parser, model.reasoning_parser)
                 log.info("%s: tool calls %s, reasoning %s", model.name, formats.tool_format, formats.reasoning)
                 vocab = config_vocab_size(settings.model_path(model))
-                sight = vision.vision_of(model, settings.model_path(model))
+                sight = vision.vision_of(model, settings.model_path(model), settings.image_fetch)
                 served.append(
                     ServedModel(
                         settings=model,

@@ -336,6 +336,27 @@ class VllmServerSettings(_Model):
     read_timeout_s: float = Field(300.0, gt=1)
 
 
+class ImageFetchSettings(_Model):
+    """Images given as http(s) URLs (docs/guide/images.md). Off: such an image gets 400
+    image_url_not_allowed, and only data URLs and base64 are read."""
+
+    enabled: bool = False
+    # Hosts whose images may be fetched, at every redirect: "images.example.com", or
+    # "*.example.com" for its subdomains. Empty: none.
+    allow_hosts: tuple[str, ...] = ()
+    # Of those, hosts that may resolve to a private, loopback or link-local address (an image
+    # server inside the network). Any other that does is refused, whichever hop it is.
+    private_hosts: tuple[str, ...] = ()
+    max_bytes: int = 20 * 1024 * 1024  # one image (also bounded by the model's images.max_bytes)
+    timeout_s: float = Field(10.0, gt=0)  # the whole fetch, redirects included
+    max_redirects: int = Field(3, ge=0)
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_bytes(v)
+
+
 class ImageSettings(_Model):
     """The images one request may send a model (docs: the API page's images section)."""
 
@@ -876,6 +897,7 @@ class Settings(BaseSettings):
     routing: RoutingSettings = RoutingSettings()
     metrics: MetricsSettings = MetricsSettings()
     canary: CanarySettings = CanarySettings()
+    image_fetch: ImageFetchSettings = ImageFetchSettings()  # images by URL (off)
     placement: PlacementSettings | None = None
     # The vLLM this config's engines run (e.g. "0.34.0" on a DGX Spark): `sparkgate check` judges
     # the config against it; unset, against the vLLM installed here (gateway/vllm_versions.py).

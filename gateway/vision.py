@@ -9,11 +9,11 @@ A model that does not take images still has a `Vision` value, with the reason as
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.settings import ModelSettings
+from gateway.settings import ImageFetchSettings, ModelSettings
 from policies.images import ImageLimits, VisionSpec
 
 # Engines that carry an image to the model: vLLM in this process, and the simulated one, which
@@ -28,6 +28,7 @@ class Vision:
     limits: ImageLimits
     image_token_id: int = -1
     refusal: str | None = None  # why this model takes no image; None: it takes them
+    fetch: ImageFetchSettings = field(default_factory=ImageFetchSettings)  # images by http(s) URL (off)
 
     @property
     def enabled(self) -> bool:
@@ -58,7 +59,7 @@ def spec_of(preprocessor: dict[str, Any]) -> VisionSpec:
     )
 
 
-def vision_of(model: ModelSettings, model_dir: Path) -> Vision:
+def vision_of(model: ModelSettings, model_dir: Path, fetch: ImageFetchSettings | None = None) -> Vision:
     """What `model`, served from `model_dir`, does with an image."""
     limits = model.images.limits
     config = _json(model_dir / "config.json")
@@ -74,7 +75,7 @@ def vision_of(model: ModelSettings, model_dir: Path) -> Vision:
         return Vision(spec, limits, refusal=f"its engine ({model.engine}) does not carry images")
     if limits.max_images == 0:
         return Vision(spec, limits, refusal="images.max_images is 0")
-    return Vision(spec, limits, image_token_id=pad)
+    return Vision(spec, limits, image_token_id=pad, fetch=fetch or ImageFetchSettings())
 
 
 def engine_args(model: ModelSettings, model_dir: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_adapter.base import ImageInput
-from gateway import images
+from gateway import image_fetch, images
 from gateway.errors import InvalidRequest
 from gateway.registry import ServedModel
 from policies import tokens
@@ -30,7 +30,7 @@ class ImageSource:
     """An image part of a request, before it is read: where it is and what it says."""
 
     param: str  # the part's path in the request, for its errors
-    url: str  # a data URL
+    url: str  # a data URL, or an http(s) one (fetched where the operator allows it)
 
 
 def seeing(candidates: list[ServedModel], sources: Sequence[ImageSource], requested: str) -> list[ServedModel]:
@@ -50,31 +50,40 @@ def seeing(candidates: list[ServedModel], sources: Sequence[ImageSource], reques
     return able
 
 
-def _read_all(served: ServedModel, sources: Sequence[ImageSource]) -> list[images.ReadImage]:
+def _read_all(
+    served: ServedModel, sources: Sequence[ImageSource], raws: Sequence[bytes | None]
+) -> list[images.ReadImage]:
     vision = served.vision
     read = []
-    for index, source in enumerate(sources):
+    for index, (source, raw) in enumerate(zip(sources, raws, strict=True)):
         param = f"{source.param}.url"
-        if not source.url.startswith("data:"):
-            raise InvalidRequest(
-                "This server reads images from base64 data URLs only (data:image/png;base64,...): "
-                "it does not fetch image URLs.",
-                param=param,
-                code="image_url_not_allowed",
-            )
-        raw = images.data_url_bytes(source.url, vision.limits, param, index)
+        if raw is None:  # a data URL: decoded here, off the event loop
+            raw = images.data_url_bytes(source.url, vision.limits, param, index)
         read.append(images.read(raw, vision.spec, vision.limits, param, index))
     return read
 
 
+async def _fetched(served: ServedModel, source: ImageSource) -> bytes | None:
+    """An http(s) image's bytes, where the operator allows fetching it; None for a data URL."""
+    if source.url.startswith("data:"):
+        return None
+    vision = served.vision
+    return await image_fetch.fetch(source.url, vision.fetch, vision.limits.max_bytes, f"{source.param}.url")
+
+
 async def read(served: ServedModel, sources: Sequence[ImageSource]) -> list[images.ReadImage]:
-    """Each image checked and decoded, within `served`'s limits. Decoding takes milliseconds
-    to tens of them per image: a worker thread."""
+    """Each image checked and decoded, within `served`'s limits: fetched first where it is a
+    URL (all of them at once), then decoded, which takes milliseconds to tens of them per
+    image, in a worker thread."""
     if not sources:
         return []
     if (refusal := admit_count(len(sources), served.vision.limits)) is not None:
         raise InvalidRequest(refusal.message, param=sources[-1].param, code=refusal.reason.value)
-    return await asyncio.to_thread(_read_all, served, sources)
+    for source in sources:  # every URL's refusal before any fetch starts
+        if not source.url.startswith("data:"):
+            image_fetch.check_url(source.url, served.vision.fetch, f"{source.param}.url")
+    raws = await asyncio.gather(*(_fetched(served, s) for s in sources))
+    return await asyncio.to_thread(_read_all, served, sources, raws)
 
 
 def placed(

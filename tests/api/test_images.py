@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
     cfg = {
         "server": server_section(port),
         "auth": {"required": True, "keys": [{"name": "viewer", "sha256": hash_key(KEY)}]},
+        # Images by URL from this test's own server only (an image server inside the network).
+        "image_fetch": {"enabled": True, "allow_hosts": ["localhost"], "private_hosts": ["localhost"]},
         # `best` takes the text model (higher quality) for text, and the vision model for images.
         "routing": {"enabled": True, "classes": {"interactive": {"deadline_s": 600}}},
         "models": [
@@ -314,7 +318,8 @@ BAD: list[tuple[str, str, int, str]] = [
     ("absurd aspect", data_url(png(2, 600)), 400, "image_aspect_ratio"),
     ("decompression bomb", data_url(_bomb()), 400, "image_too_large"),
     ("over max_bytes", data_url(_noise_png(700)), 413, "image_too_large_bytes"),
-    ("remote URL", "https://example.com/cat.png", 400, "image_url_not_allowed"),
+    ("a host not allowed", "https://example.com/cat.png", 400, "image_url_not_allowed"),
+    ("a private address not allowed", "http://127.0.0.1:9/cat.png", 400, "image_url_not_allowed"),
 ]
 
 
@@ -368,3 +373,40 @@ def test_the_body_limit_leaves_room_for_an_image(server: Server) -> None:
     }
     r = httpx.post(f"{server.api}/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "image_too_large_bytes", r.text
+
+
+class _Images(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = png(640, 480, 9) if self.path == "/cat.png" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_image_by_url_from_an_allowed_host(oa: openai.OpenAI, tok: Any, server: Server) -> None:
+    images = ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    port = images.server_address[1]
+
+    def ask(path: str) -> Any:
+        parts = [
+            {"type": "text", "text": "hi"},
+            {"type": "image_url", "image_url": {"url": f"http://localhost:{port}{path}"}},
+        ]
+        return oa.chat.completions.create(model=VISION, max_tokens=2, messages=[{"role": "user", "content": parts}])  # type: ignore[misc,list-item]
+
+    try:
+        usage = ask("/cat.png").usage
+        assert usage is not None
+        assert usage.prompt_tokens == expected(tok, [{"type": "text", "text": "hi"}, {"type": "image"}], [(640, 480)])
+        with pytest.raises(openai.BadRequestError) as e:
+            ask("/dog.png")
+        assert e.value.code == "image_fetch_failed" and "HTTP 404" in e.value.message
+    finally:
+        images.shutdown()
+    no_count_differs(server)
