@@ -1,7 +1,7 @@
 """The engine host's wire format: engine values as JSON, one frame per line.
 
 A gateway reaches an engine on another box (`sparkgate engine-host`) with the
-same values it passes an in-process engine: token ids in, chunks out, the KV
+same values it passes an in-process engine: token ids (and images) in, chunks out, the KV
 spec and live stats. Pydantic validates every frame on the way in, so a
 mismatched host fails loudly instead of feeding admission wrong numbers.
 Non-finite floats (a sampled token outside the top-k has logprob -inf) travel
@@ -16,11 +16,14 @@ from pydantic import BaseModel, ConfigDict
 
 from engine_adapter.base import EngineChunk, EngineRequest, EngineStats, KVSpec
 
-PROTOCOL = 1  # bumped on any incompatible change; host and gateway must agree
+PROTOCOL = 2  # bumped on any incompatible change; host and gateway must agree (2: images)
 
 
 class _Frame(BaseModel):
-    model_config = ConfigDict(ser_json_inf_nan="constants", frozen=True)
+    # A request's images travel as base64 (JSON has no bytes).
+    model_config = ConfigDict(
+        ser_json_inf_nan="constants", ser_json_bytes="base64", val_json_bytes="base64", frozen=True
+    )
 
 
 class EngineInfo(_Frame):

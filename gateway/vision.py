@@ -16,10 +16,10 @@ from typing import Any
 from gateway.settings import ImageFetchSettings, ModelSettings
 from policies.images import ImageLimits, VisionSpec
 
-# Engines that carry an image to the model: vLLM in this process, and the simulated one, which
-# needs only the prompt's length. The others take token ids over the wire (remote, vllm-server)
-# or recorded text (replay).
-IMAGE_ENGINES = frozenset({"vllm", "simulated"})
+# Engines that carry an image to the model: vLLM in this process or on another box (the engine
+# host's wire carries the bytes), and the simulated one, which needs only the prompt's length.
+# A stock vLLM server takes token ids (vllm-server), the replay engine recorded text.
+IMAGE_ENGINES = frozenset({"vllm", "remote", "simulated"})
 
 
 @dataclass(frozen=True)

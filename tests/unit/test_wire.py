@@ -11,6 +11,7 @@ from engine_adapter.base import (
     ChoiceDelta,
     EngineChunk,
     EngineRequest,
+    ImageInput,
     SamplingOptions,
     StructuredOutput,
     TokenLogprob,
@@ -30,6 +31,18 @@ def test_a_request_round_trips() -> None:
         ),
         priority=2,
         cache_salt="team-a",
+    )
+    wire = GenerateFrame(request=request).model_dump_json()
+    assert GenerateFrame.model_validate_json(wire).request == request
+
+
+def test_a_request_with_images_round_trips_their_bytes() -> None:
+    png = bytes(range(256)) * 3  # any bytes, not only text
+    request = EngineRequest(
+        request_id="r2",
+        prompt_token_ids=(1, 9, 9, 9, 2),
+        sampling=SamplingOptions(max_tokens=4),
+        images=(ImageInput(data=png, sha256="ab" * 32, offset=1, tokens=3),),
     )
     wire = GenerateFrame(request=request).model_dump_json()
     assert GenerateFrame.model_validate_json(wire).request == request
