@@ -464,7 +464,16 @@ def codex_config(
     from gateway import codex
 
     settings = _load(config)
-    models = [codex.CodexModel(m.name, min(m.max_model_len, m.max_context or m.max_model_len)) for m in settings.models]
+    from gateway.vision import vision_of
+
+    models = [
+        codex.CodexModel(
+            m.name,
+            min(m.max_model_len, m.max_context or m.max_model_len),
+            images=vision_of(m, settings.model_path(m), settings.image_fetch).enabled,
+        )
+        for m in settings.models
+    ]
     names = [m.name for m in models]
     if model is not None and model not in names:
         typer.echo(f"sparkgate: no model {model!r} in {config} (its models: {', '.join(names)})", err=True)

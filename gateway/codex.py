@@ -29,6 +29,7 @@ TOOL_OUTPUT_TOKENS = 10_000  # Codex truncates a tool's output to this before se
 class CodexModel:
     name: str  # what requests name (the served model name)
     context_window: int  # tokens: prompt and output together
+    images: bool = False  # it takes images: Codex then sends `--image` files and pasted images
 
 
 def catalog(models: Sequence[CodexModel]) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def catalog(models: Sequence[CodexModel]) -> dict[str, Any]:
                 "supported_in_api": True,
                 "priority": i + 1,
                 "truncation_policy": {"mode": "tokens", "limit": TOOL_OUTPUT_TOKENS},
-                "input_modalities": ["text"],
+                "input_modalities": ["text", "image"] if m.images else ["text"],
                 "support_verbosity": True,
                 "experimental_supported_tools": [],
             }

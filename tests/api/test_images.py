@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import os
+import re
 import struct
+import subprocess
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -30,7 +35,8 @@ from transformers import AutoTokenizer
 
 from gateway.settings import hash_key
 from policies.images import VisionSpec, resize
-from tests.conftest import MODELS, Fleet, Launch, Server, free_port, server_section
+from tests import agent_clients
+from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, free_port, server_section
 
 pytestmark = pytest.mark.engine  # starts vLLM engines
 
@@ -60,6 +66,8 @@ def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
                 "name": VISION,
                 "path": str(MODELS / "tiny-qwen3.5-vl"),
                 "max_model_len": 32768,
+                # Its random weights seldom end a turn: the coding agents' requests stop here.
+                "max_output_tokens": 64,
                 "max_num_seqs": 4,
                 "kv_cache_bytes": "64MiB",
                 "quality": 1,
@@ -409,4 +417,93 @@ def test_an_image_by_url_from_an_allowed_host(oa: openai.OpenAI, tok: Any, serve
         assert e.value.code == "image_fetch_failed" and "HTTP 404" in e.value.message
     finally:
         images.shutdown()
+    no_count_differs(server)
+
+
+# --- the coding agents, as they ship, sending an image --------------------------------------
+# The random weights' answer is cut at max_output_tokens (the agents report that as an error):
+# what is checked is what reached the gateway, by its request log.
+
+
+def _logged(server: Server, path: str) -> list[dict[str, str]]:
+    lines = server.log_path.read_text().splitlines()
+    fields = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "sparkgate.request: request " in line]
+    return [f for f in fields if f.get("path") == path]
+
+
+def _screenshot(tmp: Path) -> Path:
+    path = tmp / "shot.png"
+    path.write_bytes(png(640, 480, 11))
+    return path
+
+
+def _agent_env(home: Path, **extra: str) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    return {"PATH": os.environ["PATH"], "HOME": str(home), **extra}
+
+
+def test_codex_sends_an_image(server: Server, tmp_path: Path) -> None:
+    codex = agent_clients.install() / "codex"
+    home = tmp_path / "codex-home"
+    catalog = home / "sparkgate-models.json"
+    home.mkdir()
+    command = ["codex-config", "--config", str(server.config), "--catalog", str(catalog), "--model", VISION]
+    made = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (home / "config.toml").write_text(made.stdout)
+    entries = {m["slug"]: m for m in json.loads(catalog.read_text())["models"]}
+    assert entries[VISION]["input_modalities"] == ["text", "image"] and entries[TEXT]["input_modalities"] == ["text"]
+    env = _agent_env(home, CODEX_HOME=str(home), SPARKGATE_API_KEY=KEY)
+    ask = [str(codex), "exec", "--json", "--skip-git-repo-check", "What is in this screenshot?"]
+    prompts = []
+    for extra in ([], ["--image", str(_screenshot(tmp_path))]):
+        subprocess.run(ask + extra, cwd=tmp_path, env=env, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+        last = _logged(server, "/v1/responses")[-1]
+        assert last["status"] == "200" and last["served_model"] == VISION, last
+        prompts.append(int(last["prompt_tokens"]))
+    # The image's 300 tokens and its two markers (and Codex's few words around it).
+    assert 302 <= prompts[1] - prompts[0] < 400, prompts
+    no_count_differs(server)
+
+
+def test_claude_code_sends_an_image(server: Server, tmp_path: Path) -> None:
+    claude = agent_clients.install() / "claude"
+    shot = base64.b64encode(_screenshot(tmp_path).read_bytes()).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": shot}}
+    env = _agent_env(
+        tmp_path / "home",
+        ANTHROPIC_BASE_URL=server.base_url,
+        ANTHROPIC_AUTH_TOKEN=KEY,
+        ANTHROPIC_MODEL=VISION,
+        ANTHROPIC_SMALL_FAST_MODEL=VISION,
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS="64",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_AUTOUPDATER="1",
+    )
+    prompts = []
+    for content in (
+        [{"type": "text", "text": "What is in this screenshot?"}],
+        [{"type": "text", "text": "What is in this screenshot?"}, image],
+    ):
+        turn = json.dumps({"type": "user", "message": {"role": "user", "content": content}})
+        before = len(_logged(server, "/v1/messages"))
+        subprocess.run(
+            [str(claude), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose"],
+            input=turn + "\n",
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        turns = _logged(server, "/v1/messages")[before:]
+        assert turns and all(t["status"] == "200" and t["served_model"] == VISION for t in turns), turns
+        prompts.append(int(turns[0]["prompt_tokens"]))
+    assert 302 <= prompts[1] - prompts[0] < 400, prompts
     no_count_differs(server)
