@@ -46,10 +46,15 @@ def _json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def spec_of(preprocessor: dict[str, Any]) -> VisionSpec:
+def spec_of(preprocessor: dict[str, Any], overrides: dict[str, Any] | None = None) -> VisionSpec:
     """The image processor's resize bounds (`size.shortest_edge` / `longest_edge`, which are
-    pixel counts, or the older `min_pixels` / `max_pixels`) and patch arithmetic."""
-    size = preprocessor.get("size") or {}
+    pixel counts, or the older `min_pixels` / `max_pixels`) and patch arithmetic; `overrides`:
+    vLLM's `mm_processor_kwargs`, which the engine applies over the config (so must the count)."""
+    preprocessor = {**preprocessor, **(overrides or {})}
+    size = {**(preprocessor.get("size") or {})}
+    for key, name in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+        if overrides and key in overrides:  # a flat override wins over the config's `size`
+            size[name] = overrides[key]
     default = VisionSpec()
     return VisionSpec(
         patch_size=int(preprocessor.get("patch_size", default.patch_size)),
@@ -63,7 +68,7 @@ def vision_of(model: ModelSettings, model_dir: Path, fetch: ImageFetchSettings |
     """What `model`, served from `model_dir`, does with an image."""
     limits = model.images.limits
     config = _json(model_dir / "config.json")
-    spec = spec_of(_json(model_dir / "preprocessor_config.json"))
+    spec = spec_of(_json(model_dir / "preprocessor_config.json"), model.engine_args.get("mm_processor_kwargs"))
     pad = config.get("image_token_id")
     if model.images.enabled is False:
         return Vision(spec, limits, refusal="images are turned off for it (images.enabled: false)")
