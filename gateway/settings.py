@@ -340,7 +340,7 @@ class ImageFetchSettings(_Model):
     """Images given as http(s) URLs (docs/guide/images.md). Off: such an image gets 400
     image_url_not_allowed, and only data URLs and base64 are read."""
 
-    enabled: bool = False
+    enabled: bool = False  # fetch http(s) image URLs at all
     # Hosts whose images may be fetched, at every redirect: "images.example.com", or
     # "*.example.com" for its subdomains. Empty: none.
     allow_hosts: tuple[str, ...] = ()
@@ -349,7 +349,7 @@ class ImageFetchSettings(_Model):
     private_hosts: tuple[str, ...] = ()
     max_bytes: int = 20 * 1024 * 1024  # one image (also bounded by the model's images.max_bytes)
     timeout_s: float = Field(10.0, gt=0)  # the whole fetch, redirects included
-    max_redirects: int = Field(3, ge=0)
+    max_redirects: int = Field(3, ge=0)  # redirects followed, each to an allowed host
 
     @field_validator("max_bytes", mode="before")
     @classmethod

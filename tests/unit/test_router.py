@@ -18,6 +18,7 @@ from gateway.lifecycle.run import _route_hold, _start_flight
 from gateway.registry import ServedModel
 from gateway.router import Router
 from gateway.settings import KeyLimits, LatencyProfile, ModelSettings, RoutingSettings, SloClass
+from policies import tokens
 from policies.load import RouteInfo, RouteQuery
 
 SPEC = KVSpec(
@@ -175,6 +176,12 @@ def test_a_flight_expects_the_output_routing_predicted(
     request = SimpleNamespace(
         prompt_token_ids=range(1_000), sampling=SimpleNamespace(max_tokens=max_tokens), cache_salt=None
     )
-    job = cast(Job, SimpleNamespace(served=router.served["big"], route=info, requests=[request], principal=ANONYMOUS))
+    prompt = tokens.from_ids(range(1_000))
+    job = cast(
+        Job,
+        SimpleNamespace(
+            served=router.served["big"], route=info, requests=[request], prompts=[prompt], principal=ANONYMOUS
+        ),
+    )
     flight = _start_flight(router, job)
     assert flight is not None and flight.output_tokens == expected
