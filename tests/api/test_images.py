@@ -45,6 +45,8 @@ TEXT = "text"
 KEY = "sk-images"
 MAX_IMAGES = 4
 MAX_BYTES = 1024 * 1024
+METERED_KEY = "sk-images-metered"
+METERED_DAILY = 2500  # tokens a day: one 1920x1080 image (2,042) and its words, not two
 
 
 ENGINES = 2  # vLLM engines its server starts: the fleet starts it in a wave
@@ -56,7 +58,13 @@ def side_by_side(request: pytest.FixtureRequest, tmp: Path) -> list[Launch]:
     latency = {"prefill_tokens_per_s": 20_000, "ttft_overhead_s": 0.05, "tpot_s": 0.008}
     cfg = {
         "server": server_section(port),
-        "auth": {"required": True, "keys": [{"name": "viewer", "sha256": hash_key(KEY)}]},
+        "auth": {
+            "required": True,
+            "keys": [
+                {"name": "viewer", "sha256": hash_key(KEY)},
+                {"name": "metered", "sha256": hash_key(METERED_KEY), "daily_tokens": METERED_DAILY},
+            ],
+        },
         # Images by URL from this test's own server only (an image server inside the network).
         "image_fetch": {"enabled": True, "allow_hosts": ["localhost"], "private_hosts": ["localhost"]},
         # `best` takes the text model (higher quality) for text, and the vision model for images.
@@ -507,3 +515,18 @@ def test_claude_code_sends_an_image(server: Server, tmp_path: Path) -> None:
         prompts.append(int(turns[0]["prompt_tokens"]))
     assert 302 <= prompts[1] - prompts[0] < 400, prompts
     no_count_differs(server)
+
+
+def test_the_quota_charges_an_images_tokens(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.api, api_key=METERED_KEY, max_retries=0, timeout=300)
+    parts: Any = [
+        {"type": "text", "text": "hi"},
+        {"type": "image_url", "image_url": {"url": data_url(png(1920, 1080))}},
+    ]
+    first = client.chat.completions.create(model=VISION, max_tokens=4, messages=[{"role": "user", "content": parts}])
+    assert first.usage is not None and first.usage.prompt_tokens > pads(1920, 1080)
+    # The day's 2,500 tokens cannot hold the same request again: refused before it runs.
+    with pytest.raises(openai.RateLimitError) as e:
+        client.chat.completions.create(model=VISION, max_tokens=4, messages=[{"role": "user", "content": parts}])
+    assert "daily" in e.value.message.lower() or "quota" in e.value.message.lower(), e.value.message
+    idle(server)
