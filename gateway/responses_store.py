@@ -6,7 +6,8 @@ A record is the response object as it was returned, the conversation that contin
 the instructions, which OpenAI does not carry over), and the user who owns it. Two
 backends, chosen like the quota store's (`quotas.store`):
 
-- `MemoryResponseStore`: this process; at most `responses.max_stored` records, each for
+- `MemoryResponseStore`: this process; at most `responses.max_stored` records and
+  `responses.max_stored_bytes` of them (images make a conversation megabytes), each for
   `responses.ttl_s` (the oldest go first).
 - `RedisResponseStore`: shared by every replica; one key per record,
   `{quotas.key_prefix}resp:{id}`, written with `SET ... EX ttl`, so Redis expires it.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -27,6 +29,8 @@ from typing import Any, Protocol
 
 from gateway.errors import StoreUnavailable
 from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,37 @@ class ResponseStore(Protocol):
 
 
 class MemoryResponseStore:
-    """Records in this process: bounded in count, each kept `ttl_s`."""
+    """Records in this process: bounded in count and in bytes (their JSON's characters), each
+    kept `ttl_s`. A record larger than the whole byte bound is not kept."""
 
-    def __init__(self, *, ttl_s: float, max_stored: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        ttl_s: float,
+        max_stored: int,
+        max_bytes: int = 512 * 1024 * 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_stored = max_stored
+        self.max_bytes = max_bytes
+        self.bytes = 0  # the JSON held, in characters
         self._clock = clock
         self._records: OrderedDict[str, tuple[float, str]] = OrderedDict()  # id -> (expires at, JSON)
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def _drop(self, response_id: str | None = None) -> bool:
+        """Drop a record (None: the oldest); whether there was one."""
+        if response_id is None:
+            _, (_, text) = self._records.popitem(last=False)
+        elif (entry := self._records.pop(response_id, None)) is not None:
+            text = entry[1]
+        else:
+            return False
+        self.bytes -= len(text)
+        return True
 
     def _expire(self, now: float) -> None:
         # Every record lives ttl_s from its write, so the oldest write expires first.
@@ -80,15 +105,20 @@ class MemoryResponseStore:
             first = next(iter(self._records.values()))
             if first[0] > now:
                 return
-            self._records.popitem(last=False)
+            self._drop()
 
     async def put(self, response_id: str, record: StoredResponse) -> None:
         now = self._clock()
         self._expire(now)
-        self._records.pop(response_id, None)
-        while len(self._records) >= self.max_stored:
-            self._records.popitem(last=False)
-        self._records[response_id] = (now + self.ttl_s, record.to_json())
+        self._drop(response_id)
+        text = record.to_json()
+        if len(text) > self.max_bytes:
+            log.warning("response %s not stored: %d bytes, over responses.max_stored_bytes", response_id, len(text))
+            return
+        while self._records and (len(self._records) >= self.max_stored or self.bytes + len(text) > self.max_bytes):
+            self._drop()
+        self._records[response_id] = (now + self.ttl_s, text)
+        self.bytes += len(text)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         self._expire(self._clock())
@@ -97,10 +127,11 @@ class MemoryResponseStore:
 
     async def delete(self, response_id: str) -> bool:
         self._expire(self._clock())
-        return self._records.pop(response_id, None) is not None
+        return self._drop(response_id)
 
     async def close(self) -> None:
         self._records.clear()
+        self.bytes = 0
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
@@ -157,4 +188,4 @@ def from_settings(settings: Settings) -> ResponseStore:
             ttl_s=r.ttl_s,
             timeout_s=settings.quotas.redis_timeout_s,
         )
-    return MemoryResponseStore(ttl_s=r.ttl_s, max_stored=r.max_stored)
+    return MemoryResponseStore(ttl_s=r.ttl_s, max_stored=r.max_stored, max_bytes=r.max_stored_bytes)

@@ -639,6 +639,13 @@ class ResponsesSettings(_Model):
     ttl_s: float = Field(3600.0, gt=0)
     # The in-process store keeps at most this many (the oldest go first); Redis is bounded by the TTL.
     max_stored: int = Field(1000, ge=1)
+    # And at most this much of them (a conversation with images is megabytes; the oldest go first).
+    max_stored_bytes: int = 512 * 1024 * 1024
+
+    @field_validator("max_stored_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_bytes(v)
 
 
 class CanarySettings(_Model):

@@ -417,6 +417,24 @@ def test_complete_body_parses_with_the_sdk() -> None:
 # --- the store ------------------------------------------------------------------------------
 
 
+def test_memory_store_is_bounded_in_bytes() -> None:
+    store = MemoryResponseStore(ttl_s=10, max_stored=100, max_bytes=1000)
+
+    def record(chars: int) -> StoredResponse:
+        return StoredResponse(user="ann", response={}, messages=[{"role": "user", "content": "x" * chars}])
+
+    async def run() -> None:
+        for i in range(3):
+            await store.put(f"resp_{i}", record(300))  # about 370 characters each
+        assert len(store) == 2 and await store.get("resp_0") is None and store.bytes <= 1000
+        await store.put("resp_big", record(2000))  # larger than the whole bound: not kept
+        assert await store.get("resp_big") is None and len(store) == 2
+        assert await store.delete("resp_1") and len(store) == 1
+        assert store.bytes == len(record(300).to_json())
+
+    asyncio.run(run())
+
+
 def test_memory_store_ttl_bound_and_copies() -> None:
     now = [0.0]
     store = MemoryResponseStore(ttl_s=10, max_stored=2, clock=lambda: now[0])
