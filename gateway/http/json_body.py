@@ -5,8 +5,9 @@ is 1.8 ms of the event loop, the largest part of what sparkgate adds to a long p
 msgspec (a dependency of vLLM) decodes it in well under half that. Wherever msgspec accepts
 a document it yields the same Python values as `json.loads` (integers of any size included);
 what it refuses (NaN and Infinity literals, floats out of range, lone surrogates, anything not
-JSON) goes to `json.loads`, whose value or JSONDecodeError stands. So the request models see
-exactly what they saw before, only sooner.
+JSON) goes to `json.loads`, whose value or JSONDecodeError stands, except that a string with a
+lone surrogate (`"\ud800"`) is refused too: it is no Unicode text, and an answer quoting it
+could not be encoded. So the request models see what they saw before, only sooner.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def decode(raw: bytes) -> Any:
     try:
         return _decode(raw)
     except msgspec.MsgspecError:
-        return json.loads(raw)
+        value = json.loads(raw)
+    try:  # the slow path only: msgspec refused the document
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        text = raw.decode(errors="replace")
+        raise json.JSONDecodeError("a string holds a lone surrogate, which is not Unicode text", text, 0) from e
+    return value
 
 
 def document(raw: bytes) -> Any:

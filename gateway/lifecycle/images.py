@@ -63,9 +63,14 @@ def _read_all(
     return read
 
 
+def _inline(url: str) -> bool:
+    """A data URL (the scheme is case-insensitive): read from the request itself."""
+    return url[:5].lower() == "data:"
+
+
 async def _fetched(served: ServedModel, source: ImageSource) -> bytes | None:
     """An http(s) image's bytes, where the operator allows fetching it; None for a data URL."""
-    if source.url.startswith("data:"):
+    if _inline(source.url):
         return None
     vision = served.vision
     return await image_fetch.fetch(source.url, vision.fetch, vision.limits.max_bytes, f"{source.param}.url")
@@ -80,7 +85,7 @@ async def read(served: ServedModel, sources: Sequence[ImageSource]) -> list[imag
     if (refusal := admit_count(len(sources), served.vision.limits)) is not None:
         raise InvalidRequest(refusal.message, param=sources[-1].param, code=refusal.reason.value)
     for source in sources:  # every URL's refusal before any fetch starts
-        if not source.url.startswith("data:"):
+        if not _inline(source.url):
             image_fetch.check_url(source.url, served.vision.fetch, f"{source.param}.url")
     raws = await asyncio.gather(*(_fetched(served, s) for s in sources))
     return await asyncio.to_thread(_read_all, served, sources, raws)

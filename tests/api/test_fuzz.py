@@ -64,11 +64,6 @@ def test_images_never_get_a_server_error_and_nothing_stays_held(gateway: Server)
     assert result.statuses[200] > 100 and result.streams > 20, report
 
 
-@pytest.mark.xfail(
-    strict=True,  # passes once the gateway is fixed: then drop the mark
-    reason="gateway bug: an error message quoting a string with a lone surrogate (a part's type "
-    '"image_url\\ud800") cannot be encoded (Starlette\'s JSONResponse, UTF-8): 500',
-)
 def test_a_lone_surrogate_that_an_error_quotes_gets_a_400(gateway: Server) -> None:
     result = fuzz_images(gateway.base_url, 0, payloads=QUOTED_SURROGATES)
     assert result.cases == len(explicit_image_cases(QUOTED_SURROGATES))
