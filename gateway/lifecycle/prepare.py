@@ -481,7 +481,10 @@ def _echo_text(req: ChatCompletionRequest, messages: list[dict[str, Any]]) -> st
     last = messages[-1]
     if req.add_generation_prompt and last["role"] != "assistant":
         return ""
-    return str(last["content"] or "")
+    content = last["content"]
+    if isinstance(content, list):  # with images: its text parts
+        return "".join(p["text"] for p in content if p["type"] == "text")
+    return str(content or "")
 
 
 def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:

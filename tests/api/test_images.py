@@ -197,6 +197,20 @@ def test_two_images_streamed_with_usage(oa: openai.OpenAI, tok: Any, server: Ser
     no_count_differs(server)
 
 
+def test_echo_repeats_the_text_of_a_message_with_an_image(oa: openai.OpenAI) -> None:
+    parts: Any = [
+        {"type": "text", "text": "A photo of "},
+        {"type": "image_url", "image_url": {"url": data_url(png(64, 64))}},
+    ]
+    r = oa.chat.completions.create(
+        model=VISION,
+        max_tokens=2,
+        messages=[{"role": "user", "content": parts}],
+        extra_body={"echo": True, "add_generation_prompt": False},
+    )
+    assert (r.choices[0].message.content or "").startswith("A photo of ")
+
+
 def test_responses_input_image(oa: openai.OpenAI, tok: Any, server: Server) -> None:
     raw = png(512, 512, 3)
     r = oa.responses.create(
