@@ -523,7 +523,7 @@ def wait_health(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text(errors='replace')[-6000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -532,14 +532,14 @@ def wait_health(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
         except OSError:
             pass
         time.sleep(1)
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log.read_text()[-4000:]}")
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log.read_text(errors='replace')[-6000:]}")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], wait_s: float = 60) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(60)
+            proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

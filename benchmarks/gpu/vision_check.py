@@ -49,8 +49,6 @@ import lzma
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +58,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from benchmarks.gpu.side_by_side import stop, wait_health  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 SHAPE = ROOT / "benchmarks/gpu/shapes/qwen3.6-27b.config.json"
@@ -326,32 +325,6 @@ def start_vllm_server(device: str, model: Path, log: Path) -> tuple[subprocess.P
     return proc, port, {"command": cmd}
 
 
-def wait_health(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text(errors='replace')[-6000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                if b" 200 " in s.recv(100):
-                    return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log.read_text(errors='replace')[-6000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 # Lines of either server's log worth keeping in the result: the KV pool, its blocks, the backends.
 ENGINE_LINES = re.compile(
     r"KV cache|num_gpu_blocks|block_size|block size|mamba|prefix cach|attention backend|vit attention"
@@ -497,7 +470,7 @@ def run_part(part: str, a: argparse.Namespace, expect: Expect, model: Path) -> d
         print(f"[{part}] failed: {e}", flush=True)
         save()
     finally:
-        stop(proc)
+        stop(proc, wait_s=90)  # an engine with its vision encoder takes longer to let go
     text = log.read_text(errors="replace") if log.exists() else ""
     result["mismatch_lines"] = [line for line in text.splitlines() if "the engine counted" in line]
     result["engine_log"] = [line[:400] for line in text.splitlines() if ENGINE_LINES.search(line)][:80]
