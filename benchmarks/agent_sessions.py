@@ -235,30 +235,11 @@ def record_claude(bin_dir: Path, proxy: Capture, tmp: Path, turns: int) -> None:
 
 
 def record_codex(bin_dir: Path, proxy: Capture, config: Path, tmp: Path, turns: int) -> None:
+    from tests import agent_clients
+
     home, ws = tmp / "codex-home", tmp / "codex-ws"
-    home.mkdir()
     ws.mkdir()
-    catalog = home / "sparkgate-models.json"
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "codex-config",
-            "--config",
-            str(config),
-            "--url",
-            proxy.base_url,
-            "--catalog",
-            str(catalog),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    (home / "config.toml").write_text(made.stdout)
+    agent_clients.codex_home(home, config, "--url", proxy.base_url)
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home), "SPARKGATE_API_KEY": KEY}
     common = ["--json", "--skip-git-repo-check", "-c", 'sandbox_mode="workspace-write"']
     for t in range(1, turns + 1):

@@ -4,10 +4,13 @@ registry, pinned, installed once into the tree's cache (`.cache/agents`)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = ROOT / ".cache" / "agents"
@@ -45,3 +48,31 @@ def install() -> Path:
 
 if __name__ == "__main__":  # .ci/run and `make agents` install them ahead of the tests
     print(install())
+
+
+def codex_home(home: Path, config: Path, *options: str) -> dict[str, dict[str, Any]]:
+    """Make `home` a CODEX_HOME as the README tells users to (`sparkgate codex-config` for the
+    gateway serving `config`, with `options` such as `--model` or `--url`): its config.toml and
+    model catalog. The catalog's entries by model name."""
+    home.mkdir(parents=True, exist_ok=True)
+    catalog = home / "sparkgate-models.json"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "codex-config",
+            "--config",
+            str(config),
+            "--catalog",
+            str(catalog),
+            *options,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (home / "config.toml").write_text(made.stdout)
+    return {m["slug"]: m for m in json.loads(catalog.read_text())["models"]}

@@ -117,6 +117,11 @@ class Server:
     def api(self) -> str:
         return f"{self.base_url}/v1"
 
+    def requests_logged(self) -> list[dict[str, str]]:
+        """The gateway's request log lines (`sparkgate.request`), as key=value fields."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "sparkgate.request: request " in line]
+
     def stats(self, key: str = API_KEY) -> dict:  # type: ignore[type-arg]
         """/sparkgate/stats as `key` sees it (polled by tests: one pooled client)."""
         r = _STATS_CLIENT.get(f"{self.base_url}/sparkgate/stats", headers={"Authorization": f"Bearer {key}"})

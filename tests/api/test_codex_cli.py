@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import pytest
 from engine_adapter import recordings
 from engine_adapter.recordings import tag
 from tests import agent_clients
-from tests.conftest import API_KEY, REPLAY_AGENTS, ROOT, Server
+from tests.conftest import API_KEY, REPLAY_AGENTS, Server
 
 PATCH = json.loads(recordings.CODEX_PATCH[0].split("\n")[1])["arguments"]["input"]
 
@@ -40,26 +38,8 @@ def server(replay_server: Server) -> Server:
 def codex_home(server: Server, tmp_path: Path) -> Path:
     """A CODEX_HOME with the config `sparkgate codex-config` prints, and its catalog."""
     home = tmp_path / "codex-home"
-    home.mkdir()
-    config = server.log_path.parent / "sparkgate-replay.yaml"
-    catalog = home / "sparkgate-models.json"
-    made = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "codex-config",
-            *("--config", str(config), "--catalog", str(catalog), "--model", REPLAY_AGENTS),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert f'base_url = "{server.api}"' in made.stdout  # server.host:port, from the config
-    (home / "config.toml").write_text(made.stdout)
-    entries = {m["slug"]: m for m in json.loads(catalog.read_text())["models"]}
+    entries = agent_clients.codex_home(home, server.log_path.parent / "sparkgate-replay.yaml", "--model", REPLAY_AGENTS)
+    assert f'base_url = "{server.api}"' in (home / "config.toml").read_text()  # server.host:port, from the config
     entry = entries[REPLAY_AGENTS]
     assert entry["apply_patch_tool_type"] == "freeform" and entry["context_window"] == 131072
     return home
@@ -100,22 +80,13 @@ def session_items(home: Path) -> list[dict[str, Any]]:
     return [x["payload"] for x in lines if x.get("type") == "response_item"]
 
 
-def requests_logged(server: Server) -> list[dict[str, str]]:
-    """The gateway's request log lines (`sparkgate.request`), as key=value fields."""
-    out = []
-    for line in server.log_path.read_text().splitlines():
-        if "sparkgate.request: request " in line:
-            out.append(dict(re.findall(r"(\w+)=(\S*)", line)))
-    return out
-
-
 def test_codex_answers(codex: Path, server: Server, codex_home: Path, tmp_path: Path) -> None:
-    before = len(requests_logged(server))
+    before = len(server.requests_logged())
     done = events(run_codex(codex, codex_home, tmp_path / "ws", "hello"))
     assert answers(done) == [recordings.ANSWER]
     assert done[-1]["type"] == "turn.completed" and done[-1]["usage"]["input_tokens"] > 5000
     # One turn, one POST /v1/responses answered with a stream: no WebSocket, no other call.
-    (request,) = requests_logged(server)[before:]
+    (request,) = server.requests_logged()[before:]
     assert (request["method"], request["path"], request["status"], request["stream"]) == (
         "POST",
         "/v1/responses",
@@ -128,7 +99,7 @@ def test_codex_applies_the_patch_and_answers_from_the_result(
     codex: Path, server: Server, codex_home: Path, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "ws"
-    before = len(requests_logged(server))
+    before = len(server.requests_logged())
     done = events(run_codex(codex, codex_home, workspace, f"Create hello.txt. {tag('codex_patch')}"))
     assert (workspace / "hello.txt").read_text() == "hello from sparkgate\n"  # Codex applied the patch
     changes = [e["item"] for e in done if e["type"] == "item.completed" and e["item"]["type"] == "file_change"]
@@ -140,7 +111,7 @@ def test_codex_applies_the_patch_and_answers_from_the_result(
     (output,) = [i for i in items if i["type"] == "custom_tool_call_output"]
     assert output["call_id"] == call["call_id"]
     # The call, then the answer from its result: two streamed POSTs.
-    logged = requests_logged(server)[before:]
+    logged = server.requests_logged()[before:]
     assert [(r["method"], r["path"], r["stream"], r["status"]) for r in logged] == [
         ("POST", "/v1/responses", "True", "200")
     ] * 2

@@ -14,10 +14,8 @@ import base64
 import io
 import json
 import os
-import re
 import struct
 import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -36,7 +34,7 @@ from transformers import AutoTokenizer
 from gateway.settings import hash_key
 from policies.images import VisionSpec, resize
 from tests import agent_clients
-from tests.conftest import MODELS, ROOT, Fleet, Launch, Server, free_port, server_section
+from tests.conftest import MODELS, Fleet, Launch, Server, free_port, server_section
 
 pytestmark = pytest.mark.engine  # starts vLLM engines
 
@@ -448,9 +446,7 @@ def test_an_image_by_url_from_an_allowed_host(oa: openai.OpenAI, tok: Any, serve
 
 
 def _logged(server: Server, path: str) -> list[dict[str, str]]:
-    lines = server.log_path.read_text().splitlines()
-    fields = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if "sparkgate.request: request " in line]
-    return [f for f in fields if f.get("path") == path]
+    return [f for f in server.requests_logged() if f.get("path") == path]
 
 
 def _screenshot(tmp: Path) -> Path:
@@ -467,19 +463,8 @@ def _agent_env(home: Path, **extra: str) -> dict[str, str]:
 def test_codex_sends_an_image(server: Server, tmp_path: Path) -> None:
     codex = agent_clients.install() / "codex"
     home = tmp_path / "codex-home"
-    catalog = home / "sparkgate-models.json"
-    home.mkdir()
-    command = ["codex-config", "--config", str(server.config), "--catalog", str(catalog), "--model", VISION]
-    made = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    (home / "config.toml").write_text(made.stdout)
-    entries = {m["slug"]: m for m in json.loads(catalog.read_text())["models"]}
+    assert server.config is not None
+    entries = agent_clients.codex_home(home, server.config, "--model", VISION)
     assert entries[VISION]["input_modalities"] == ["text", "image"] and entries[TEXT]["input_modalities"] == ["text"]
     env = _agent_env(home, CODEX_HOME=str(home), SPARKGATE_API_KEY=KEY)
     ask = [str(codex), "exec", "--json", "--skip-git-repo-check", "What is in this screenshot?"]
