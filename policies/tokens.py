@@ -76,9 +76,12 @@ def with_images(prompt: Prompt, pad_id: int, images: Sequence[tuple[int, str]]) 
     """The prompt with each image's one pad (as the chat template writes it) repeated to its
     token count; `images` are (tokens, sha256) in the order the template placed them."""
     ids = prompt.token_ids
-    at = [i for i, t in enumerate(ids) if t == pad_id]
-    if len(at) != len(images):
-        return PlaceholderMismatch(len(at), len(images))
+    pads = ids.count(pad_id)  # C loops, not a Python one over a long prompt's ids (event loop)
+    if pads != len(images):
+        return PlaceholderMismatch(pads, len(images))
+    at: list[int] = []
+    for _ in images:
+        at.append(ids.index(pad_id, at[-1] + 1 if at else 0))
     out: list[int] = []
     placed = []
     start = 0
